@@ -96,15 +96,19 @@ if "dnpf" in opts:
     # the route kernel text k (stamped) replaces src[start:end] below; the prefetch edit is after it in the file
 if "w2pf" in opts:
     # every up gemv CTA asks L2 for its share of its expert's W2 ([E, H, F], the expert's H x F halves split evenly
-    # over gridDim.x CTAs, 16-byte granules), at its start (moe_pf_mode 1) or after its rows (2); the down gemv then
+    # over gridDim.x CTAs, 16-byte granules), at its start (moe_pf_mode 1) or after its rows (2), + 4: with an L2 evict_last policy; the down gemv then
     # finds the expert's weights in L2 where they fit (Qwen3 at 1 token: 8 x 3 MB). moe_pf_w2 from route_w2pf_set.
     for mm in reversed(list(re.finditer(r'(\w+_gemm_up_swiglu_\w+_gemv3?_\w+)\(const moe_half_t \*__restrict__ xs,', src))):
         a = src.index("const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;\n", mm.end())
         a = src.index("\n", a) + 1
         b = src.index("\n}\n", a) + 1
-        pf = ("#define W2PF_(MODE) if (moe_pf_mode == MODE && threadIdx.x == 0) { \\\n"
+        pf = ("#define W2PF_(MODE) if ((moe_pf_mode & 3) == MODE && threadIdx.x == 0) { \\\n"
               "        const long long eb_ = (long long)K * NOUT * 2, sh_ = (eb_ / gridDim.x) & ~15ll; \\\n"
               "        const long long o_ = sh_ * blockIdx.x, n_ = blockIdx.x + 1 == gridDim.x ? eb_ - o_ : sh_; \\\n"
+              "        if (moe_pf_mode & 4) { unsigned long long pol_; \\\n"
+              "            asm volatile(\"createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\" : \"=l\"(pol_)); \\\n"
+              "            asm volatile(\"cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;\" :: \"l\"(moe_pf_w2 + eb_ * expert + o_), \"r\"((unsigned)n_), \"l\"(pol_) : \"memory\"); \\\n"
+              "        } else \\\n"
               "        asm volatile(\"cp.async.bulk.prefetch.L2.global [%0], %1;\" :: \"l\"(moe_pf_w2 + eb_ * expert + o_), \"r\"((unsigned)n_) : \"memory\"); }\n"
               "    W2PF_(1)\n")
         src = src[:a] + pf + src[a:b] + "    W2PF_(2)\n#undef W2PF_\n" + src[b:]
