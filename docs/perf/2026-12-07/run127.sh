@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Run 127 (twenty-third session): run126.sh reordered and trimmed for a short call (device starts kept failing).
 # Builds as run124.sh says (build/r124 = main 0755cb7's, build/r125 = the same + patches/route_acqrel_tickets.diff,
-# build/sb: stamped harnesses h_124 / h_125 (Qwen3, main / patched), h_mix (Mixtral, main), h_w2pf (Qwen3, main,
-# instrument.py w2pf)). Carry ["build/r124", "build/r125", "build/sb"]. $1: the budget in seconds (default 400).
+# build/sb: stamped harnesses h_124 / h_125 (Qwen3, main / patched), h_mix (Mixtral, main, instrument.py skips), h_w2pf
+# (Qwen3, main, instrument.py w2pf skips)). Carry ["build/r124", "build/r125", "build/sb"]. $1: the budget in seconds (default 400).
 # (1) the up gemv asking L2 for its expert's W2: PF_MODE 0 none, 1 at a CTA's start, 2 after its rows, 5 / 6 the
 # same with an evict_last policy; (2) the launcher's switches (PDL, combine folded) through the same forward;
 # (3) r125's route on a GPU (test_gpu --family route to 1000 tokens); (4) the route timeline, r124 against r125;
@@ -21,6 +21,14 @@ for e in "X=0" "MOEGEN_PDL=on" "MOEGEN_COMBINE_FUSE=on" "MOEGEN_PDL=on MOEGEN_CO
     echo "=== mixtral $e"; env $e timeout 30 ./h_mix 20 1 8
 done
 echo "=== qwen3 PF_MODE=2 MOEGEN_PDL=on"; PF_MODE=2 MOEGEN_PDL=on timeout 30 ./h_w2pf 20 1 2 8
+# bounds (instrument.py skips): the layer without its combine, without its route (the GEMMs on the first call's
+# tables), without both; one token count a process
+for T in 1 8; do
+    for e in "X=0" "SKIP_COMBINE=1" "SKIP_ROUTE=1" "SKIP_ROUTE=1 SKIP_COMBINE=1"; do
+        echo "=== qwen3 T=$T $e"; env $e timeout 30 ./h_w2pf 20 $T
+        echo "=== mixtral T=$T $e"; env $e timeout 30 ./h_mix 20 $T
+    done
+done
 ) > "$OUT/w/w2pf.log" 2>&1
 echo "w2pf: exit $? ($SECONDS s)" >> "$OUT/w/rc.txt"
 use() { cp build/$1/moegen build/$1/libmoegen.so build/$1/libmoegen_ref.so build/$1/liblua5.4.so.0 build/$1/libjansson.so.4 build/; }

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Stamp the route kernel of a vendored .cu (moegen emit's output) for a per-phase timeline.
 
-instrument.py IN.cu OUT.cu [acqrel] [dnpf] [w1pf] [w2pf]: thread 0 of every route block records %globaltimer and clock64 at ten points
+instrument.py IN.cu OUT.cu [acqrel] [dnpf] [w1pf] [w2pf] [skips]: thread 0 of every route block records %globaltimer and clock64 at ten points
 (entry, phase 1 done, split ticket taken, partials summed, phase 2 done, counts added, fused ticket, plan done,
 scatter rows done, end) into moe_st[blockIdx.y][{0: ns, 1: clock}][point]; route_stamps_read() copies them out and
 route_stamps_clear() zeroes them; with `w1pf`, route_pf_set() turns on an L2 prefetch of the chosen experts' W1 (below). With `acqrel` the route's __threadfence() calls become fence.acq_rel.gpu (the
@@ -118,4 +118,15 @@ if "w2pf" in opts:
     end = src.index("\n}\n", start) + 3
 # the stamps' array and macro before every kernel (the file's includes come after them, with the host code)
 out = head + src[:start] + k + src[end:] + tail
+if "skips" in opts:
+    # bounds, not a forward: SKIP_ROUTE=1 launches no route kernel after the process's first call (the GEMMs run on the
+    # first call's tables, still in the workspace: one token count a process), SKIP_COMBINE=1 no combine kernel (y not written); read by the host code at every call
+    import re as _re
+    n_r = len(_re.findall(r'\n    (\w+_launch\(dev, \w+_route_\w+,)', out))
+    out = _re.sub(r'\n    (\w+_launch\(dev, \w+_route_\w+,)', r'\n    if (!getenv("SKIP_ROUTE") || moe_calls_++ == 0) \1', out)
+    out = "static int moe_calls_ = 0;   /* SKIP_ROUTE: the first call routes (the tables the others reuse) */\n" + out
+    n_c = out.count("    if (!combined)\n")
+    out = out.replace("    if (!combined)\n", '    if (!combined && !getenv("SKIP_COMBINE"))\n')
+    sys.stderr.write(f"skips: {n_r} route launch(es), {n_c} combine launch(es)\n")
+    assert n_r >= 1 and n_c >= 1
 open(sys.argv[2], "w").write(out)
