@@ -51,7 +51,7 @@ static route_tiling_t route_tiling(int L, int per_block, int threads) {
             continue;
         const int sb = (per_block + wn * nt * 8) * (bk + 8) * 2; /* one stage: rows of bk + 8 halves */
         const int lbytes = per_block * ldl * 4;
-        const int avail = ROUTE_SMEM_CAP - 4 * (L + 1) - 64;   /* less the static per-expert counts */
+        const int avail = ROUTE_SMEM_CAP - 8 * (L + 1) - 64;   /* less the static per-slot counts and slot_of */
         int budget = npass == 1 ? ROUTE_STAGE_BUDGET : avail - lbytes;
         if (budget > ROUTE_STAGE_BUDGET)
             budget = ROUTE_STAGE_BUDGET;

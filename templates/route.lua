@@ -440,6 +440,20 @@ static __device__ __forceinline__ void logits_few(float *lsm, float *scr, const 
 }
 
 @ end
+/* A ticket: atomically add 1 at p (gpu scope) and return the old value, as a release of every write the block made
+ * before its barrier and an acquire of every write released before the tickets taken earlier (a block's threads
+ * meet at a barrier, then thread 0 takes it: the barrier orders their writes before its release, and the barrier
+ * after it orders its acquire before their reads). No fence.sc: the split and fused tails' one round trip. */
+static __device__ __forceinline__ int take_ticket(int *p) {
+#if defined(__CUDA_ARCH__)
+    int old;
+    asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;" : "=r"(old) : "l"(p) : "memory");
+    return old;
+#else
+    return atomicAdd(p, 1);
+#endif
+}
+
 /* Order-preserving float bits (larger float, larger unsigned), and back. */
 static __device__ __forceinline__ unsigned ord_of(float f) {
     const unsigned u = __float_as_uint(f);
@@ -507,6 +521,7 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const ${c.fp32w and "float" or "mo
     extern __shared__ __align__(16) unsigned char moe_route_smem[];
     unsigned char *smem = moe_route_smem;
     __shared__ int s_count[SLOTS];   // this block's selections per weight slot (the plan's counts: one token block)
+    __shared__ int s_slot[SLOTS];    // fused: the plan's slot_of, read at the start (the tail does not wait on it)
 @ if c.fuse_scatter then
     __shared__ int s_ent[NW * ENTRIES], s_row[NW * ENTRIES];   // the fused scatter's entries and their rows
 @ end
@@ -525,11 +540,19 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const ${c.fp32w and "float" or "mo
     if (tok0 >= tokens)
         return;
 @ if c.given_w then
-    for (int e = tid; e < SLOTS; e += THREADS) s_count[e] = 0;
+    for (int e = tid; e < SLOTS; e += THREADS) {
+        s_count[e] = 0;
+        if (fuse.mode != 0)
+            s_slot[e] = __ldg(fuse.slot_of + e);
+    }
     __syncthreads();
     (void)wr, (void)route_part;   // the caller's weights: no logits (no phase 1, no split)
 @ else
-    for (int e = tid; e < SLOTS; e += THREADS) s_count[e] = 0;   // ordered before use by phase 1's barriers
+    for (int e = tid; e < SLOTS; e += THREADS) {   // ordered before use by phase 1's barriers
+        s_count[e] = 0;
+        if (fuse.mode != 0)
+            s_slot[e] = __ldg(fuse.slot_of + e);
+    }
 
     /* ---- phase 1: logits[T, E] = x[T, HR] . wr[E, HR]^T (x: router_x where the router has its own input) ---- */
     const int g = lane >> 2, tq = lane & 3;
@@ -672,14 +695,12 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const ${c.fp32w and "float" or "mo
 @ else
         for (int i = tid; i < nv; i += THREADS) part[i] = lsm[(i / ${LC}) * LDL + i % ${LC}];
 @ end
-        __threadfence();   // the partials are visible before the ticket is taken
-        __syncthreads();
+        __syncthreads();   // the block's partials are written: thread 0's ticket releases them
         if (tid == 0)
-            s_last = atomicAdd(counts + ${TKT} + blockIdx.x, 1) == (int)gridDim.y - 1;
-        __syncthreads();
+            s_last = take_ticket(counts + ${TKT} + blockIdx.x) == (int)gridDim.y - 1;
+        __syncthreads();   // the last block's reads come after the ticket's acquire
         if (!s_last)
             return;
-        __threadfence();
         /* G lanes per logit (a power of two, G | 32, while the logits leave
          * threads idle): lane p of a group sums splits p, p + G, ..., then
          * the group adds its lanes in a fixed xor tree: the same sum whichever
@@ -1116,19 +1137,15 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const ${c.fp32w and "float" or "mo
         /* one token block (gridDim.x 1) is the last without a ticket or fences, and plans from its own counts in
          * s_count: no round trip to L2 (its threads' global stores are ordered by the block's barriers) */
         const bool one = gridDim.x == 1;
-        if (!one)
-            __threadfence();   // this block's entries and counts are visible before its ticket
-        __syncthreads();
+        __syncthreads();   // this block's entries and counts are made: thread 0's ticket releases them
         if (tid == 0)
-            s_last_all = one || atomicAdd(counts + FUSE_TICKET, 1) == (int)gridDim.x - 1;
+            s_last_all = one || take_ticket(counts + FUSE_TICKET) == (int)gridDim.x - 1;
         __syncthreads();
         if (!s_last_all)
             return;
-        if (!one)
-            __threadfence();
         /* the dynamic smem is free: phase 2 is done with the logits */
         int *s_off = reinterpret_cast<int *>(smem), *s_first = s_off + SLOTS;
-        moe_plan_block<THREADS, SLOTS>(counts, one ? s_count : nullptr, fuse.slot_of, fuse.align, fuse.offsets,
+        moe_plan_block<THREADS, SLOTS>(counts, one ? s_count : nullptr, s_slot, fuse.align, fuse.offsets,
                                        fuse.cursor, fuse.tiles, fuse.num_tiles, s_off, s_first, s_wr, s_wt);
 @ if c.fuse_scatter then
         if (fuse.mode != 2)
