@@ -28,7 +28,7 @@ for s in qwen3-30b-a3b mixtral-8x7b; do
     echo "ab $s: exit $? ($SECONDS s)" >> "$OUT/w/rc.txt"
 done
 use r129
-timeout 120 stdbuf -oL -eL build/r129/test_gpu --tokens-max 64 qwen3-30b mixtral gpt-oss-20b deepseek-v3-ep8 \
+[ $((SECONDS + 40)) -le $BUDGET ] && timeout $((BUDGET - SECONDS - 10)) stdbuf -oL -eL build/r129/test_gpu --tokens-max 64 qwen3-30b mixtral gpt-oss-20b deepseek-v3-ep8 \
     > "$OUT/w/test_gpu_layer64.log" 2>&1
 echo "test_gpu r129 layers <= 64: exit $? ($SECONDS s)" >> "$OUT/w/rc.txt"
 for rep in 1 2; do
