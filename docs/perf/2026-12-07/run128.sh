@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Run 128 (twenty-third session): main 184c9ab's route (the acq_rel tickets of abfaa67, slot_of by cp.async) on a GPU,
+# Run 128 (twenty-third session; NOT run): the route of main + patches/route_slot_cpasync.diff (184c9ab, reverted on
+# main: the acq_rel tickets of abfaa67, slot_of by cp.async) on a GPU,
 # in the whole layer, its timeline and speed against run 127's r124 (main 0755cb7), and PDL per spec and size.
-# Builds: r129 = main 184c9ab, r124 as run124.sh (copy moegen, moe_bench, tests/test_gpu, libmoegen.so,
+# Builds: r129 = main with patches/route_slot_cpasync.diff applied (`git apply`, `make kernels`, build; then
+# `git checkout -- .`), r124 as run124.sh (copy moegen, moe_bench, tests/test_gpu, libmoegen.so,
 # libmoegen_ref.so, strip, Debian's liblua5.4.so.0 and libjansson.so.4 beside them); build/sb: h_124 / h_125 (run 127's)
-# and h_129 (stamps/instrument.py on 184c9ab's Qwen3 source, harness.cu). Carry ["build/r129", "build/r124",
+# and h_129 (stamps/instrument.py on the patched tree's Qwen3 source, harness.cu). Carry ["build/r129", "build/r124",
 # "build/sb"]. $1: the budget in seconds (default 330).
 set -u
 BUDGET=${1:-330}

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Run 129 (twenty-third session): run128.sh cut to what main 184c9ab's route (slot_of by cp.async) needs before it
-# may stay on main: its GPU tests and its timeline. Builds and carry as run128.sh ("build/r129", "build/sb"; r124
+# Run 129 (twenty-third session; NOT run: no device time left): run128.sh cut to what the route of
+# patches/route_slot_cpasync.diff (slot_of by cp.async) needs before it may land: its GPU tests and its timeline. Builds and carry as run128.sh ("build/r129", "build/sb"; r124
 # unused here).
 set -u
 mkdir -p "$OUT/w" build
