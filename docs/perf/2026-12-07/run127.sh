@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Run 127 (twenty-third session): run126.sh reordered and trimmed for a short call (device starts kept failing).
+# Run 127 (twenty-third session): run124.sh reordered and trimmed for a short call (device starts kept failing),
+# with the up gemv's W2 prefetch, the launcher's switches and the skip bounds added.
 # Builds as run124.sh says (build/r124 = main 0755cb7's, build/r125 = the same + patches/route_acqrel_tickets.diff,
 # build/sb: stamped harnesses h_124 / h_125 (Qwen3, main / patched), h_mix (Mixtral, main, instrument.py skips), h_w2pf
 # (Qwen3, main, instrument.py w2pf skips)). Carry ["build/r124", "build/r125", "build/sb"]. $1: the budget in seconds (default 400).

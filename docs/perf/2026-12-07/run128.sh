@@ -6,7 +6,8 @@
 # `git checkout -- .`), r124 as run124.sh (copy moegen, moe_bench, tests/test_gpu, libmoegen.so,
 # libmoegen_ref.so, strip, Debian's liblua5.4.so.0 and libjansson.so.4 beside them); build/sb: h_124 / h_125 (run 127's)
 # and h_129 (stamps/instrument.py on the patched tree's Qwen3 source, harness.cu). Carry ["build/r129", "build/r124",
-# "build/sb"]. $1: the budget in seconds (default 330).
+# "build/sb"]. $1: the budget in seconds (default 330); every step after the route's tests and timeline waits for
+# its share of it, so `run128.sh 130` is the short call the patch needs before it may land (its tests and timeline).
 set -u
 BUDGET=${1:-330}
 mkdir -p "$OUT/w" build
@@ -22,6 +23,7 @@ echo "test_gpu r129 route <= 1000: exit $? ($SECONDS s)" >> "$OUT/w/rc.txt"
 echo "stamps: exit $? ($SECONDS s)" >> "$OUT/w/rc.txt"
 for s in qwen3-30b-a3b mixtral-8x7b; do
     for r in r124 r129 r124 r129; do
+        [ $((SECONDS + 15)) -le $BUDGET ] || break 2
         use $r
         echo "== $s $r" >> "$OUT/w/ab.log"
         timeout 25 build/$r/moe_bench examples/specs/$s.moe --graph --tokens 1 --tokens 8 --tokens 64 --iters 20 \

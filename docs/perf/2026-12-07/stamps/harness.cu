@@ -14,7 +14,6 @@
 extern "C" void route_stamps_read(unsigned long long *h);
 extern "C" void route_stamps_clear(void);
 extern "C" void route_w2pf_set(const void *w2, int mode);
-extern "C" void route_pf_set(const void *b, long long stride, unsigned bytes, unsigned chunk) __attribute__((weak));
 #define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); return 1; } } while (0)
 
 __global__ void fill(unsigned short *p, long long n, unsigned seed, float scale) {
@@ -48,11 +47,6 @@ int main(int argc, char **argv) {
     fill<<<1024, 256>>>(w1, E * 2 * F * H, 3, 0.05f); fill<<<1024, 256>>>(w2, E * H * F, 4, 0.05f);
     CK(cudaDeviceSynchronize());
     CAT(SPEC, _args_t) a = {};
-    /* PF_BYTES (instrument.py w1pf): bytes of each chosen expert's W1 the route asks L2 for, PF_CHUNK a request */
-    const unsigned pfb = getenv("PF_BYTES") ? (unsigned)atol(getenv("PF_BYTES")) : 0u;
-    const unsigned pfc = getenv("PF_CHUNK") ? (unsigned)atol(getenv("PF_CHUNK")) : 65536u;
-    if (route_pf_set) route_pf_set(w1, 2 * F * H * 2, pfb, pfc);
-    else if (pfb) { fprintf(stderr, "PF_BYTES: this harness's route has no prefetch (instrument.py w1pf)\n"); return 1; }
     /* PF_MODE (instrument.py w2pf): the up gemv asks L2 for its expert's W2, 1 at a CTA's start, 2 after its rows */
     const int pfm = getenv("PF_MODE") ? atoi(getenv("PF_MODE")) : 0;
     route_w2pf_set(w2, pfm);
@@ -60,8 +54,8 @@ int main(int argc, char **argv) {
     cudaEvent_t e0, e1; CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
     cudaDeviceProp prop; CK(cudaGetDeviceProperties(&prop, 0));
     int clk = 0; CK(cudaDeviceGetAttribute(&clk, cudaDevAttrClockRate, 0));
-    printf("%s on %s (SM clock %d MHz), %d runs a size; route L2 prefetch %u bytes an expert in %u-byte requests; "
-           "up gemv W2 prefetch mode %d\n", STR(SPEC), prop.name, clk / 1000, runs, pfb, pfc, pfm);
+    printf("%s on %s (SM clock %d MHz), %d runs a size; up gemv W2 prefetch mode %d\n", STR(SPEC), prop.name,
+           clk / 1000, runs, pfm);
     static unsigned long long st[64][2][10];
     const char *nm[10] = {"entry", "phase1", "ticket", "partsum", "phase2", "counts", "fticket", "plan", "rows", "end"};
     for (int T : toks) {

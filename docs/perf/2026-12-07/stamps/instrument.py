@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Stamp the route kernel of a vendored .cu (moegen emit's output) for a per-phase timeline.
 
-instrument.py IN.cu OUT.cu [acqrel] [dnpf] [w1pf] [w2pf] [skips]: thread 0 of every route block records %globaltimer and clock64 at ten points
+instrument.py IN.cu OUT.cu [acqrel] [dnpf] [w2pf] [skips]: thread 0 of every route block records %globaltimer and clock64 at ten points
 (entry, phase 1 done, split ticket taken, partials summed, phase 2 done, counts added, fused ticket, plan done,
 scatter rows done, end) into moe_st[blockIdx.y][{0: ns, 1: clock}][point]; route_stamps_read() copies them out and
-route_stamps_clear() zeroes them; with `w1pf`, route_pf_set() turns on an L2 prefetch of the chosen experts' W1 (below). With `acqrel` the route's __threadfence() calls become fence.acq_rel.gpu (the
+route_stamps_clear() zeroes them. With `acqrel` the route's __threadfence() calls become fence.acq_rel.gpu (the
 release/acquire pattern the split and fused tickets need) instead of the sequentially consistent fence.
 A measurement aid for docs/perf only: nothing here goes into the project's kernels."""
 import re, sys
@@ -12,9 +12,12 @@ import re, sys
 src = open(sys.argv[1]).read()
 opts = sys.argv[3:]
 acqrel = "acqrel" in opts
-m = re.search(r'extern "C" __global__ void __launch_bounds__\(\d+\)\n\w+_route_\w+\(', src)
-start = m.start()
-end = src.index("\n}\n", start) + 3
+def route_span(s):
+    """The route kernel's text in s: [start, end) from its declaration to its closing brace's line."""
+    m = re.search(r'extern "C" __global__ void __launch_bounds__\(\d+\)\n\w+_route_\w+\(', s)
+    return m.start(), s.index("\n}\n", m.start()) + 3
+
+start, end = route_span(src)
 k = src[start:end]
 
 def put(pat, stamp, after=True, count=1):
@@ -38,25 +41,12 @@ put("__syncthreads();   // row_of (global, s_row) and s_cur are complete, for th
 k = k[:-3] + "MOE_ST(9);\n}\n"
 # stamp 4 sits before the barrier: move it after (the barrier ends phase 2)
 k = k.replace("MOE_ST(4);    __syncthreads();", "    __syncthreads();MOE_ST(4);")
-if "w1pf" in opts:
-    # phase 2's lanes, once a token's expert is chosen, ask L2 for the first moe_pf_bytes of that expert's packed
-    # W1 (contiguous: [E, 2F, H]) in moe_pf_chunk pieces, so DRAM streams up weights during the route's tail and
-    # the launch gap (moe_pf_bytes 0: nothing issued; set by route_pf_set)
-    pat = "atomicAdd(s_count + mine, 1);"
-    assert k.count(pat) == 1, pat
-    k = k.replace(pat, pat + """
-            if (moe_pf_bytes) {
-                const char *pb_ = moe_pf_base + (long long)mine * moe_pf_stride;
-                for (unsigned o_ = 0; o_ < moe_pf_bytes; o_ += moe_pf_chunk)
-                    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(pb_ + o_), "r"(moe_pf_chunk) : "memory");
-            }""")
 if acqrel:
     n = k.count("__threadfence();")
     k = k.replace("__threadfence();", 'asm volatile("fence.acq_rel.gpu;" ::: "memory");')
     sys.stderr.write(f"acqrel: {n} fences\n")
 head = r'''
 __device__ const char *moe_pf_w2; __device__ int moe_pf_mode;
-__device__ const char *moe_pf_base; __device__ long long moe_pf_stride; __device__ unsigned moe_pf_bytes, moe_pf_chunk;
 __device__ unsigned long long moe_st[64][2][10];
 #define MOE_ST(i) do { if (threadIdx.x == 0) { unsigned long long t_; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_)); \
     moe_st[blockIdx.y][0][i] = t_; moe_st[blockIdx.y][1][i] = clock64(); } } while (0)
@@ -64,10 +54,6 @@ __device__ unsigned long long moe_st[64][2][10];
 tail = r'''
 #include <cuda_runtime.h>
 extern "C" void route_stamps_read(unsigned long long *h) { cudaMemcpyFromSymbol(h, moe_st, sizeof moe_st); }
-extern "C" void route_pf_set(const void *b, long long stride, unsigned bytes, unsigned chunk) {
-    cudaMemcpyToSymbol(moe_pf_base, &b, sizeof b); cudaMemcpyToSymbol(moe_pf_stride, &stride, sizeof stride);
-    cudaMemcpyToSymbol(moe_pf_bytes, &bytes, sizeof bytes); cudaMemcpyToSymbol(moe_pf_chunk, &chunk, sizeof chunk);
-}
 extern "C" void route_w2pf_set(const void *w2, int mode) {
     cudaMemcpyToSymbol(moe_pf_w2, &w2, sizeof w2); cudaMemcpyToSymbol(moe_pf_mode, &mode, sizeof mode);
 }
@@ -90,10 +76,6 @@ if "dnpf" in opts:
         assert src[a:b].count("using namespace") == 1
         src = src[:a] + pf + src[b:]
         sys.stderr.write("dnpf: " + name + "\n")
-    m = re.search(r'extern "C" __global__ void __launch_bounds__\(\d+\)\n\w+_route_\w+\(', src)
-    start = m.start()
-    end = src.index("\n}\n", start) + 3
-    # the route kernel text k (stamped) replaces src[start:end] below; the prefetch edit is after it in the file
 if "w2pf" in opts:
     # every up gemv CTA asks L2 for its share of its expert's W2 ([E, H, F], the expert's H x F halves split evenly
     # over gridDim.x CTAs, 16-byte granules), at its start (moe_pf_mode 1) or after its rows (2), + 4: with an L2 evict_last policy; the down gemv then
@@ -113,10 +95,8 @@ if "w2pf" in opts:
               "    W2PF_(1)\n")
         src = src[:a] + pf + src[a:b] + "    W2PF_(2)\n#undef W2PF_\n" + src[b:]
         sys.stderr.write("w2pf: " + mm.group(1) + "\n")
-    m = re.search(r'extern "C" __global__ void __launch_bounds__\(\d+\)\n\w+_route_\w+\(', src)
-    start = m.start()
-    end = src.index("\n}\n", start) + 3
 # the stamps' array and macro before every kernel (the file's includes come after them, with the host code)
+start, end = route_span(src)   # again: the options above may have edited src
 out = head + src[:start] + k + src[end:] + tail
 if "skips" in opts:
     # bounds, not a forward: SKIP_ROUTE=1 launches no route kernel after the process's first call (the GEMMs run on the
