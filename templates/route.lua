@@ -809,6 +809,24 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const ${c.fp32w and "float" or "mo
 @   end
 @ end
 
+@ local early = c.fuse_scatter and not input and not c.given
+@ if early then
+    /* one token, scattered (mode 2): its rows are r * align for r < ENTRIES whatever the experts, since every
+     * entry has a slot of its own (top-k picks distinct experts, slot_of is a permutation, the shared slots
+     * are their own) and a zero expert's row is where the routed rows end; so the warps phase 2 leaves idle
+     * copy x[0] there while warp 0 selects, and the scatter writes the row map only (rows no entry takes
+     * get the copy too: xs holds ENTRIES * align rows for one token, moe_max_rows) */
+    if (fuse.mode == 2 && tokens == 1 && warp > 0) {
+        constexpr int HV = H / 8;
+        const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(x);
+        for (int v = tid - 32; v < HV; v += THREADS - 32) {
+            const uint4 xv = __ldg(src + v);
+#pragma unroll
+            for (int r = 0; r < ENTRIES; ++r)
+                reinterpret_cast<uint4 *>(fuse.xs + (long long)r * fuse.align * H)[v] = xv;
+        }
+    }
+@ end
     /* ---- phase 2: a warp per token: scores, top-k, weights, counts ---- */
 #pragma unroll 1
     for (int tt = warp; tt < T; tt += NW) {
@@ -1179,6 +1197,10 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const ${c.fp32w and "float" or "mo
 @   end
         __syncthreads();   // row_of (global, s_row) and s_cur are complete, for the whole block
         for (int e = tid; e < SLOTS; e += THREADS) fuse.cursor[e] = s_cur[e];   // as permute_scatter leaves it
+@   if early then
+        if (tokens == 1)   // phase 2's idle warps copied x[0] to every row one token can take
+            return;
+@   end
 #pragma unroll 1
         for (int i = warp; i < n; i += NW) {
 @   if c.Z > 0 then

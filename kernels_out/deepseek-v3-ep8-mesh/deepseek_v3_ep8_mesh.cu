@@ -736,13 +736,30 @@ deepseek_v3_ep8_mesh_route_bf16_e256k8_t32k64s2(const moe_half_t *__restrict__ x
     }
 #line 811 "templates/route.lua"
 
+#line 814 "templates/route.lua"
+    /* one token, scattered (mode 2): its rows are r * align for r < ENTRIES whatever the experts, since every
+     * entry has a slot of its own (top-k picks distinct experts, slot_of is a permutation, the shared slots
+     * are their own) and a zero expert's row is where the routed rows end; so the warps phase 2 leaves idle
+     * copy x[0] there while warp 0 selects, and the scatter writes the row map only (rows no entry takes
+     * get the copy too: xs holds ENTRIES * align rows for one token, moe_max_rows) */
+    if (fuse.mode == 2 && tokens == 1 && warp > 0) {
+        constexpr int HV = H / 8;
+        const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(x);
+        for (int v = tid - 32; v < HV; v += THREADS - 32) {
+            const uint4 xv = __ldg(src + v);
+#pragma unroll
+            for (int r = 0; r < ENTRIES; ++r)
+                reinterpret_cast<uint4 *>(fuse.xs + (long long)r * fuse.align * H)[v] = xv;
+        }
+    }
+#line 830 "templates/route.lua"
     /* ---- phase 2: a warp per token: scores, top-k, weights, counts ---- */
 #pragma unroll 1
     for (int tt = warp; tt < T; tt += NW) {
         const int tok = tok0 + tt;
         if (tok >= tokens)
             break;
-#line 819 "templates/route.lua"
+#line 837 "templates/route.lua"
         const float *lrow = lsm + tt * LDL;
         float pv[VPL];
         unsigned valid = 0;
@@ -750,28 +767,28 @@ deepseek_v3_ep8_mesh_route_bf16_e256k8_t32k64s2(const moe_half_t *__restrict__ x
         for (int i = 0; i < VPL; ++i) {
             const int e = lane + 32 * i;
             if (e < E) {
-#line 829 "templates/route.lua"
+#line 847 "templates/route.lua"
                 pv[i] = lrow[e];
-#line 831 "templates/route.lua"
+#line 849 "templates/route.lua"
                 valid |= 1u << i;
             } else {
                 pv[i] = 0.f;
             }
         }
-#line 861 "templates/route.lua"
+#line 879 "templates/route.lua"
 #pragma unroll
         for (int i = 0; i < VPL; ++i) pv[i] = ((valid >> i) & 1u) ? 1.0f / (1.0f + expf(-pv[i])) : 0.f;
-#line 889 "templates/route.lua"
+#line 907 "templates/route.lua"
         unsigned ord[VPL];   // selection scores s = p (+ sel_bias), as keys
 #pragma unroll
         for (int i = 0; i < VPL; ++i) {
-#line 893 "templates/route.lua"
+#line 911 "templates/route.lua"
             const int e = lane + 32 * i;
             ord[i] = ord_of(((valid >> i) & 1u) ? pv[i] + __ldg(sel_bias + e) : 0.f);
-#line 898 "templates/route.lua"
+#line 916 "templates/route.lua"
         }
         unsigned cand = valid;
-#line 901 "templates/route.lua"
+#line 919 "templates/route.lua"
         /* Group-limited, groups of PG = 32 experts: group q is slots
          * [q*SG, (q+1)*SG) of every lane. */
         {
@@ -811,7 +828,7 @@ deepseek_v3_ep8_mesh_route_bf16_e256k8_t32k64s2(const moe_half_t *__restrict__ x
             for (int i = 0; i < VPL; ++i)
                 if (!((kept >> (i / SG)) & 1u)) cand &= ~(1u << i);
         }
-#line 1020 "templates/route.lua"
+#line 1038 "templates/route.lua"
 
         /* top-k, best first; lane r keeps the r-th expert */
         int mine = 0;
@@ -823,42 +840,42 @@ deepseek_v3_ep8_mesh_route_bf16_e256k8_t32k64s2(const moe_half_t *__restrict__ x
             if (lane == (e & 31))
                 cand &= ~(1u << (e >> 5));
         }
-#line 1032 "templates/route.lua"
+#line 1050 "templates/route.lua"
 
         /* weights: p at the selected experts (never the selection bias) */
         float w = 0.f;
-#line 1038 "templates/route.lua"
+#line 1056 "templates/route.lua"
         if (lane < K) {
-#line 1045 "templates/route.lua"
+#line 1063 "templates/route.lua"
             const float l = lrow[mine];
-#line 1050 "templates/route.lua"
+#line 1068 "templates/route.lua"
             w = 1.0f / (1.0f + expf(-l));
-#line 1074 "templates/route.lua"
+#line 1092 "templates/route.lua"
         }
-#line 1076 "templates/route.lua"
+#line 1094 "templates/route.lua"
         {
             const float sum = warp_sum(w);
             if (sum > 0.f)
                 w = w / sum;
         }
-#line 1083 "templates/route.lua"
+#line 1101 "templates/route.lua"
         w *= 2.5f;
-#line 1110 "templates/route.lua"
+#line 1128 "templates/route.lua"
         if (lane < K) {
             topk_idx[(long long)tok * K + lane] = mine;
             topk_w[(long long)tok * K + lane] = w;
             atomicAdd(s_count + mine, 1);
         }
-#line 1117 "templates/route.lua"
+#line 1135 "templates/route.lua"
         if (tt < NW && lane < ENTRIES)   // the entries of the fused scatter's tokens (mode 2: at most NW), kept here
             s_ent[tt * ENTRIES + lane] = lane < K ? mine : E + lane - K;
-#line 1120 "templates/route.lua"
+#line 1138 "templates/route.lua"
     }
     __syncthreads();
     for (int e = tid; e < E; e += THREADS)
         if (s_count[e])
             atomicAdd(counts + e, s_count[e]);
-#line 1131 "templates/route.lua"
+#line 1149 "templates/route.lua"
 
     /* ---- fused: the last block to finish plans the permutation (and scatters) ---- */
     if (fuse.mode == 0)
@@ -878,7 +895,7 @@ deepseek_v3_ep8_mesh_route_bf16_e256k8_t32k64s2(const moe_half_t *__restrict__ x
         int *s_off = reinterpret_cast<int *>(smem), *s_first = s_off + SLOTS;
         moe_plan_block<THREADS, SLOTS>(counts, one ? s_count : nullptr, s_slot, fuse.align, fuse.offsets,
                                        fuse.cursor, fuse.tiles, fuse.num_tiles, s_off, s_first, s_wr, s_wt);
-#line 1151 "templates/route.lua"
+#line 1169 "templates/route.lua"
         if (fuse.mode != 2)
             return;
         /* the scatter: each entry's row, then a warp per routed row copies x (HV 16-byte vectors) */
@@ -890,7 +907,7 @@ deepseek_v3_ep8_mesh_route_bf16_e256k8_t32k64s2(const moe_half_t *__restrict__ x
         /* entry i's id and row from shared memory where this block made them (one token block, its first NW
          * tokens: every call mode 2 is given), else from L2 */
         const int nk = one ? min(n, NW * ENTRIES) : 0;
-#line 1172 "templates/route.lua"
+#line 1190 "templates/route.lua"
         for (int i = tid; i < n; i += THREADS) {
             const int e = i < nk ? s_ent[i] : __ldcg(topk_idx + i);
             const int r = s_off[e] + atomicAdd(s_cur + e, 1);
@@ -898,21 +915,25 @@ deepseek_v3_ep8_mesh_route_bf16_e256k8_t32k64s2(const moe_half_t *__restrict__ x
             if (i < nk)
                 s_row[i] = r;
         }
-#line 1180 "templates/route.lua"
+#line 1198 "templates/route.lua"
         __syncthreads();   // row_of (global, s_row) and s_cur are complete, for the whole block
         for (int e = tid; e < SLOTS; e += THREADS) fuse.cursor[e] = s_cur[e];   // as permute_scatter leaves it
+#line 1201 "templates/route.lua"
+        if (tokens == 1)   // phase 2's idle warps copied x[0] to every row one token can take
+            return;
+#line 1204 "templates/route.lua"
 #pragma unroll 1
         for (int i = warp; i < n; i += NW) {
-#line 1194 "templates/route.lua"
+#line 1216 "templates/route.lua"
             const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(x + (long long)(i / ENTRIES) * H);
             const int row = i < nk ? s_row[i] : __ldcg(fuse.row_of + i);
             uint4 *__restrict__ dst = reinterpret_cast<uint4 *>(fuse.xs + (long long)row * H);
-#line 1202 "templates/route.lua"
+#line 1224 "templates/route.lua"
 #pragma unroll 8
             for (int v = lane; v < HV; v += 32) dst[v] = __ldg(src + v);
-#line 1205 "templates/route.lua"
+#line 1227 "templates/route.lua"
         }
-#line 1209 "templates/route.lua"
+#line 1231 "templates/route.lua"
     }
 }
 
