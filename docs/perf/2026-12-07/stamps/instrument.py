@@ -39,6 +39,9 @@ j = k.find(";", i) + 1
 k = k[:j] + "MOE_ST(7);" + k[j:]
 put("__syncthreads();   // row_of (global, s_row) and s_cur are complete, for the whole block\n", 8)
 k = k[:-3] + "MOE_ST(9);\n}\n"
+# one token's early x copy (5c805d2 on): the scatter returns after the row map; its end is stamped there too
+if "if (tokens == 1)   // phase 2's idle" in k:
+    put("        if (tokens == 1)   // phase 2's idle", 9, after=False)
 # stamp 4 sits before the barrier: move it after (the barrier ends phase 2)
 k = k.replace("MOE_ST(4);    __syncthreads();", "    __syncthreads();MOE_ST(4);")
 if acqrel:
