@@ -454,6 +454,16 @@ static __device__ __forceinline__ int take_ticket(int *p) {
 #endif
 }
 
+/* One int copied from global to shared memory by cp.async (4 bytes, .ca): the thread goes on; the copy is complete
+ * after its moe_cp_async_wait<0>() (the host build copies at once). */
+static __device__ __forceinline__ void slot_async(int *s, const int *g) {
+#if defined(__CUDA_ARCH__)
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" :: "r"(moe_smem_addr(s)), "l"(g) : "memory");
+#else
+    *s = *g;
+#endif
+}
+
 /* Order-preserving float bits (larger float, larger unsigned), and back. */
 static __device__ __forceinline__ unsigned ord_of(float f) {
     const unsigned u = __float_as_uint(f);
@@ -521,7 +531,7 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const ${c.fp32w and "float" or "mo
     extern __shared__ __align__(16) unsigned char moe_route_smem[];
     unsigned char *smem = moe_route_smem;
     __shared__ int s_count[SLOTS];   // this block's selections per weight slot (the plan's counts: one token block)
-    __shared__ int s_slot[SLOTS];    // fused: the plan's slot_of, read at the start (the tail does not wait on it)
+    __shared__ int s_slot[SLOTS];    // fused: the plan's slot_of (cp.async at the start)
 @ if c.fuse_scatter then
     __shared__ int s_ent[NW * ENTRIES], s_row[NW * ENTRIES];   // the fused scatter's entries and their rows
 @ end
@@ -539,20 +549,16 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const ${c.fp32w and "float" or "mo
     const int tok0 = blockIdx.x * T;
     if (tok0 >= tokens)
         return;
+    /* fused: the plan's slot_of copied into s_slot by cp.async at the start (no thread waits on it until the fused
+     * tail, whose wait finds it long arrived; the staged ring's first wait may cover it too) */
+    if (fuse.mode != 0)
+        for (int e = tid; e < SLOTS; e += THREADS) slot_async(s_slot + e, fuse.slot_of + e);
 @ if c.given_w then
-    for (int e = tid; e < SLOTS; e += THREADS) {
-        s_count[e] = 0;
-        if (fuse.mode != 0)
-            s_slot[e] = __ldg(fuse.slot_of + e);
-    }
+    for (int e = tid; e < SLOTS; e += THREADS) s_count[e] = 0;
     __syncthreads();
     (void)wr, (void)route_part;   // the caller's weights: no logits (no phase 1, no split)
 @ else
-    for (int e = tid; e < SLOTS; e += THREADS) {   // ordered before use by phase 1's barriers
-        s_count[e] = 0;
-        if (fuse.mode != 0)
-            s_slot[e] = __ldg(fuse.slot_of + e);
-    }
+    for (int e = tid; e < SLOTS; e += THREADS) s_count[e] = 0;   // ordered before use by phase 1's barriers
 
     /* ---- phase 1: logits[T, E] = x[T, HR] . wr[E, HR]^T (x: router_x where the router has its own input) ---- */
     const int g = lane >> 2, tq = lane & 3;
@@ -1155,6 +1161,8 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const ${c.fp32w and "float" or "mo
         /* one token block (gridDim.x 1) is the last without a ticket or fences, and plans from its own counts in
          * s_count: no round trip to L2 (its threads' global stores are ordered by the block's barriers) */
         const bool one = gridDim.x == 1;
+        moe_cp_async_commit();
+        moe_cp_async_wait<0>();   // this thread's slot_of copies (the barrier below shows them to the block)
         __syncthreads();   // this block's entries and counts are made: thread 0's ticket releases them
         if (tid == 0)
             s_last_all = one || take_ticket(counts + FUSE_TICKET) == (int)gridDim.x - 1;
