@@ -635,7 +635,8 @@ int main(int argc, char **argv) {
     printf("ceilings: device copy %.0f GB/s; dense bf16 cuBLAS 8192^3 %.0f TFLOP/s%s%s\n", copy_gbs, gemm_tf,
            why[0] ? " — " : "", why);
     printf("gemms: %s, %s\n", info.kernels[MOE_K_GEMM_UP], info.kernels[MOE_K_GEMM_DOWN]);
-    printf("launch overlap (MOEGEN_PDL): %s\n", info.pdl ? "on" : "off");
+    printf("launch overlap (MOEGEN_PDL): %s\n", info.pdl == 2 ? "auto (the tuning table's, per call size below)"
+                                                 : info.pdl ? "on" : "off (by MOEGEN_PDL, or no entry asks for it)");
     printf("gathered up GEMM (MOEGEN_GATHER): %s\n",
            info.gather == 2 ? "auto" : info.gather ? "on" : "off (by MOEGEN_GATHER, or not this spec or device)");
 
@@ -767,6 +768,8 @@ int main(int argc, char **argv) {
                                                 "permute plan and scatter fused into route (their rows: empty)"};
             const int rf = moe_plan_route_fuse(plan, T);
             printf("route at %d tokens: %s\n", T, rf >= 0 && rf <= 2 ? paths[rf] : "?");
+            if (info.pdl == 2)
+                printf("launch overlap at %d tokens: %s\n", T, moe_plan_pdl(plan, T) == 1 ? "on" : "off");
         }
         moe_forward_args a = {.tokens = T, .x = (void *)x, .router_w = (void *)wr, .router_bias = (float *)bias,
                               .router_logit_bias = (float *)bias, .w1p = (void *)w1p, .b1p = (void *)b1p,

@@ -421,8 +421,9 @@ static int cmd_plan(const args_t *a) {
                     snprintf(from, sizeof from, "%d .. %d tokens", v ? pv->bucket : 1, plan.variants[v + 1].bucket - 1);
                 else
                     snprintf(from, sizeof from, "%d .. %d tokens", v ? pv->bucket : 1, spec.tokens);
-                printf("  %-22s bucket %5d, bm %3d: %s, %s\n", from, pv->bucket, pv->align,
-                       pv->kernels[MOE_ARCH_SM90A][MOE_K_GEMM_UP].name, pv->kernels[MOE_ARCH_SM90A][MOE_K_GEMM_DOWN].name);
+                printf("  %-22s bucket %5d, bm %3d: %s, %s%s\n", from, pv->bucket, pv->align,
+                       pv->kernels[MOE_ARCH_SM90A][MOE_K_GEMM_UP].name, pv->kernels[MOE_ARCH_SM90A][MOE_K_GEMM_DOWN].name,
+                       pv->pdl ? " (+pdl: launch overlap unless MOEGEN_PDL=off)" : "");
             }
         }
         const moe_ep_desc_t *ep = moe_plan_ep_desc(&plan);

@@ -139,6 +139,7 @@ static void push_host_params(lua_State *L, const moe_plan_desc_t *pd, const int 
         lua_newtable(L);
         moe_lua_set_int(L, "bucket", pv->bucket);
         moe_lua_set_int(L, "align", pv->align);
+        moe_lua_set_int(L, "pdl", pv->pdl);
         push_arch_sets(L, pd, pv->kernels);
         lua_rawseti(L, -2, v + 1);
     }
@@ -475,7 +476,8 @@ static void emit_cubins(moe_buf_t *b, const moe_plan_desc_t *pd, const moe_files
 /* The manifest's "variants" (gen/plan.h): per GEMM variant, the call
  * sizes it serves (from its bucket, 0 for the heuristics', the first from
  * 1: the largest bucket <= a call's tokens, or the first), its row block,
- * and per arch the kernels that differ between variants (permute_plan,
+ * whether its calls launch with overlap (pdl: its tuning entry's +pdl,
+ * unless MOEGEN_PDL says otherwise), and per arch the kernels that differ between variants (permute_plan,
  * gemm_up_swiglu, gemm_down). */
 static void emit_variants(moe_buf_t *b, const moe_plan_desc_t *pd) {
     const moe_spec_t *s = &pd->spec;
@@ -483,8 +485,8 @@ static void emit_variants(moe_buf_t *b, const moe_plan_desc_t *pd) {
     moe_buf_printf(b, "  \"variants\": [\n");
     for (int v = 0; v < pd->nvariants; v++) {
         const moe_plan_variant_t *pv = &pd->variants[v];
-        moe_buf_printf(b, "    {\"bucket\": %d, \"from_tokens\": %d, \"align\": %d, \"kernels\": {", pv->bucket,
-                       v ? pv->bucket : 1, pv->align);
+        moe_buf_printf(b, "    {\"bucket\": %d, \"from_tokens\": %d, \"align\": %d, \"pdl\": %s, \"kernels\": {",
+                       pv->bucket, v ? pv->bucket : 1, pv->align, pv->pdl ? "true" : "false");
         for (int a = 0; a < s->narch; a++) {
             moe_buf_printf(b, "%s\"%s\": [", a ? ", " : "", moe_arch_name(s->arch[a]));
             for (int i = 0; i < 3; i++)

@@ -73,10 +73,10 @@ long long moe_plan_variant_tiles(const moe_plan_desc_t *pd, int v, int tokens) {
     return moe_max_tiles(tokens, moe_spec_entries(&pd->spec), moe_spec_slots(&pd->spec), variant_align(pd, v));
 }
 
-/* Whether two variants run the same kernels (then the later one is
- * dropped: its calls run the earlier, the same code). */
+/* Whether two variants run the same kernels the same way (then the later
+ * one is dropped: its calls run the earlier, the same code). */
 static int same_variant(const moe_plan_variant_t *a, const moe_plan_variant_t *b) {
-    if (a->align != b->align)
+    if (a->align != b->align || a->pdl != b->pdl)
         return 0;
     for (int ar = 0; ar < MOE_FAMILY_ARCHES; ar++)
         for (int k = 0; k < MOE_K_COUNT; k++)
@@ -106,6 +106,7 @@ static int plan_variants(moe_plan_desc_t *pd, const moe_tuning_t *table, char *e
         /* an fp8 spec takes the entries of dtype e4m3 alone, its bf16 twin's never (gen/tuning.c) */
         v->tuned = buckets[b] ? moe_tuning_find_tokens(table, s, MOE_ARCH_SM90A, buckets[b]) : NULL;
         v->align = moe_gemm_row_block(s, v->tuned); /* one tile table serves both GEMMs and both arches */
+        v->pdl = v->tuned ? v->tuned->pdl : 0;
         /* every arch gets every forward family, in its variant for that arch */
         for (int a = 0; a < MOE_FAMILY_ARCHES; a++) {
             moe_family_ctx_t ctx = {.spec = s, .arch = (moe_arch_t)a, .align = v->align, .tuned = v->tuned};

@@ -95,6 +95,8 @@ typedef struct {
     int bucket;                      /* the tuning table's token bucket it came from; 0: the heuristics */
     int align;                       /* its expert row block (= its GEMM bm): permute_plan's, the tile table's */
     const moe_tuning_entry_t *tuned; /* the entry of the table passed its sm_90a GEMMs use, or NULL */
+    int pdl;                         /* 1: its calls launch as programmatic dependents on sm_90a unless MOEGEN_PDL
+                                        says otherwise (its entry's "+pdl"; docs/DESIGN.md, "Launch overlap") */
     moe_kernel_desc_t kernels[MOE_FAMILY_ARCHES][MOE_K_COUNT]; /* the whole forward set per arch, as pd->kernels */
 } moe_plan_variant_t;
 

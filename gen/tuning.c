@@ -82,6 +82,14 @@ int moe_tuning_parse(moe_tuning_t *t, const char *file, const char *text, size_t
             if (parse_int(tok[7 + i], 1, 4096, tile[i]))
                 return fail(diag, file, line, "tile fields (bm bn bk stages consumers group_m) are integers",
                             tok[7 + i]);
+        char *plus = strchr(tok[13], '+'); /* GRID+pdl: launch overlap for the bucket's calls */
+        if (plus) {
+            if (strcmp(plus, "+pdl") != 0)
+                return fail(diag, file, line, "the grid's only suffix is +pdl (launch overlap for the bucket's calls)",
+                            tok[13]);
+            *plus = 0;
+            e.pdl = 1;
+        }
         if (strcmp(tok[13], "tile") == 0 || strcmp(tok[13], "persist") == 0 || strcmp(tok[13], "pingpong") == 0) {
             e.persistent = strcmp(tok[13], "tile") != 0;
             e.pingpong = strcmp(tok[13], "pingpong") == 0;

@@ -27,6 +27,11 @@ typedef struct moe_tuning_entry {
                                           * the weights through a ring of `stages` stages (bn 16); 5:
                                           * "chain", stream whose up GEMM's grid runs the down GEMM and the
                                           * combine too (moe_gemm_chains) */
+    int pdl;                             /* 1: the grid word ends in "+pdl": the variant's calls launch their
+                                          * kernels as programmatic dependents unless MOEGEN_PDL says
+                                          * otherwise (docs/DESIGN.md, "Launch overlap"); chosen from the whole
+                                          * layer's time (moe_bench with MOEGEN_PDL=on against off), not by
+                                          * moegen tune */
     int fp8;                             /* 1: dtype "e4m3": an fp8 spec's entry (quant.weights = "fp8_e4m3",
                                           * the layer's dtype bf16); it applies to fp8 specs alone, and they
                                           * to no other entry */

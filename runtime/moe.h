@@ -561,8 +561,10 @@ typedef struct {
                                      (weights, fp8 scales, biases; 0 when the gather is a local copy) */
     int route_fuse;               /* 1: calls of few tokens fuse the permute plan into route (moe_plan_route_fuse
                                      says which calls); 0: off (MOEGEN_ROUTE_FUSE=off, or mesh.ep > 1) */
-    int pdl;                      /* 1: the plan launches its kernels as programmatic dependents of the stream's
-                                     previous kernel (MOEGEN_PDL=on, sm_90a; docs/DESIGN.md, "Launch overlap") */
+    int pdl;                      /* launch overlap (docs/DESIGN.md, "Launch overlap"; sm_90a): 1 every call
+                                     launches its kernels as programmatic dependents of the stream's previous
+                                     kernel (MOEGEN_PDL=on); 2 the calls whose GEMM variant's tuning entry says
+                                     so (MOEGEN_PDL unset or auto; moe_plan_pdl says which); 0 none */
     int gather;                   /* the gathered up GEMM (docs/DESIGN.md, "The gathered up GEMM"): 2 auto (the
                                      calls moe_gather_tokens admits), 1 on (every call its kernels allow), as
                                      MOEGEN_GATHER says; 0 off, or no call can (the spec: fp8 weights, training,
@@ -607,6 +609,14 @@ int moe_plan_variant_for(const moe_plan *plan, int tokens);
  * for a NULL plan or tokens out of range. */
 enum { MOE_ROUTE_SEPARATE = 0, MOE_ROUTE_FUSED_PLAN = 1, MOE_ROUTE_FUSED_SCATTER = 2 };
 int moe_plan_route_fuse(const moe_plan *plan, int tokens);
+
+/* 1 when a moe_forward of `tokens` tokens launches its kernels as
+ * programmatic dependents of the stream's previous kernel (docs/DESIGN.md,
+ * "Launch overlap": MOEGEN_PDL=on, or unset / auto and the call's GEMM
+ * variant's tuning entry says +pdl; sm_90a only), else 0; -1 for a NULL
+ * plan or tokens out of range. A host decision on the call's tokens, as
+ * moe_plan_route_fuse. */
+int moe_plan_pdl(const moe_plan *plan, int tokens);
 
 /* Which path FFN stage `stage` (MOE_STAGE_UP, MOE_STAGE_DOWN) takes in this
  * plan now (MOE_PATH_GENERATED or MOE_PATH_CUDNN) and why, as a sentence

@@ -33,6 +33,9 @@ struct moe_plan {
                                MOEGEN_ROUTE_FUSE=off (read at creation) or expert parallelism (moe_plan_route_fuse) */
     int combine_fuse;       /* calls of few tokens on a gemv-grid down GEMM fold the combine into it: not with
                                MOEGEN_COMBINE_FUSE=off (read at creation) or expert parallelism (launch_geom.h) */
+    int pdl;                /* launch overlap (docs/DESIGN.md, "Launch overlap"), MOEGEN_PDL read at creation: 0 off,
+                               1 on (every call), 2 auto (the default: the calls whose variant's tuning entry says
+                               +pdl); 0 on a device other than sm_90a. launcher.pdl is the capacity variant's */
     int gather;             /* the gathered up GEMM (docs/DESIGN.md), MOEGEN_GATHER read at creation: 0 off, 1 on
                                (every call its kernels allow), 2 auto (the default: launch_geom.h's
                                moe_gather_tokens too) */

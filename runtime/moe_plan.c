@@ -21,6 +21,8 @@
 #include <string.h>
 
 /* Driver, device and arch: the checks that must pass before any compile. */
+static int variant_pdl(const moe_plan *p, int v);
+
 static moe_status open_device(moe_plan *p, const moe_options *o) {
     char why[512];
     if (moe_cu_load(why, sizeof why))
@@ -56,7 +58,8 @@ static moe_status open_device(moe_plan *p, const moe_options *o) {
         return moe_fail(MOE_ERR_ARCH, "GPU %d is %s, which the spec's arch list does not name; add \"%s\" to arch",
                         p->device, moe_arch_name(p->launcher.arch), moe_arch_name(p->launcher.arch));
     if (p->launcher.arch != MOE_ARCH_SM90A) /* griddepcontrol is sm_90's; the sm_80 kernels' moe_pdl_begin is empty */
-        p->launcher.pdl = 0;
+        p->pdl = 0;
+    p->launcher.pdl = variant_pdl(p, p->pd.nvariants - 1);
     CU_CHECK(moe_cu.cuDevicePrimaryCtxRetain(&p->ctx, dev));
     CU_CHECK(moe_cu.cuCtxSetCurrent(p->ctx));
     return MOE_OK;
@@ -146,6 +149,12 @@ static moe_status load_module(moe_plan *p, const moe_buf_t *cubin) {
     return moe_ep_load(p->ep);
 }
 
+/* Whether variant v's calls launch as programmatic dependents: MOEGEN_PDL's on / off, else (auto) the variant's
+ * tuning entry's +pdl. */
+static int variant_pdl(const moe_plan *p, int v) {
+    return p->pdl == 1 || (p->pdl == 2 && p->pd.variants[v].pdl);
+}
+
 /* The variant a forward (train: a training forward) of `tokens` runs. */
 static int variant_run(const moe_plan *p, int tokens, int train) {
     const int v = moe_plan_pick_variant(&p->pd, tokens), last = p->pd.nvariants - 1;
@@ -161,6 +170,7 @@ void moe_plan_launcher_for(const moe_plan *p, int tokens, int train, moe_launche
         return;
     l->kernels = p->pd.variants[v].kernels[l->arch];
     l->align = p->pd.variants[v].align;
+    l->pdl = variant_pdl(p, v);
     memcpy(l->fn, p->vfn[v], sizeof l->fn);
 }
 
@@ -230,12 +240,17 @@ static moe_status plan_tables(moe_plan *p, const char *path, const char *text, c
     p->launcher.slot_identity = moe_slots_identity(p->slot_host, spec.experts);
     /* the fused route (moe_plan_route_fuse): on unless MOEGEN_ROUTE_FUSE=off; the combine folded into a gemv
      * down GEMM: off unless MOEGEN_COMBINE_FUSE=on (slower on the H200 at every size timed: docs/PERF.md);
-     * neither with a dispatch between ranks; launch overlap (docs/DESIGN.md, "Launch overlap"): off unless
-     * MOEGEN_PDL=on, sm_90a only (open_device) */
+     * neither with a dispatch between ranks */
     if ((rc = env_switch("MOEGEN_ROUTE_FUSE", 1, &p->route_fuse)) ||
-        (rc = env_switch("MOEGEN_COMBINE_FUSE", 0, &p->combine_fuse)) ||
-        (rc = env_switch("MOEGEN_PDL", 0, &p->launcher.pdl)))
+        (rc = env_switch("MOEGEN_COMBINE_FUSE", 0, &p->combine_fuse)))
         return rc;
+    { /* launch overlap (docs/DESIGN.md, "Launch overlap"): MOEGEN_PDL=off, on or auto (unset: auto, the variants'
+       * tuning entries); sm_90a only (open_device) */
+        const char *v = getenv("MOEGEN_PDL");
+        if (v && *v && strcmp(v, "on") && strcmp(v, "off") && strcmp(v, "auto"))
+            return moe_fail(MOE_ERR_INVALID_ARG, "MOEGEN_PDL=%s: expected on, off or auto", v);
+        p->pdl = !v || !*v || !strcmp(v, "auto") ? 2 : !strcmp(v, "on");
+    }
     { /* the gathered up GEMM (runtime/moe_forward.c): MOEGEN_GATHER=off, on or auto (unset: auto) */
         const char *g = getenv("MOEGEN_GATHER");
         if (g && *g && strcmp(g, "on") && strcmp(g, "off") && strcmp(g, "auto"))
@@ -685,6 +700,14 @@ static int gather_mode(const moe_plan *p) {
     return 0;
 }
 
+/* moe_plan_info.pdl: MOEGEN_PDL's mode (1 on, 2 auto) where some variant's calls launch with overlap, else 0. */
+static int pdl_mode(const moe_plan *p) {
+    for (int v = 0; v < p->pd.nvariants; v++)
+        if (variant_pdl(p, v))
+            return p->pdl;
+    return 0;
+}
+
 moe_status moe_plan_get_info(const moe_plan *p, moe_plan_info *info) {
     if (!p || !info)
         return moe_fail(MOE_ERR_INVALID_ARG, "moe_plan_get_info: NULL argument");
@@ -698,7 +721,7 @@ moe_status moe_plan_get_info(const moe_plan *p, moe_plan_info *info) {
                             .held = p->ep->mp->nheld, .dispatch_capacity = p->ep->ed->capacity,
                             .cudnn_version = moe_cudnn_version(p->cudnn),
                             .gather_bytes = (long long)moe_ep_gather_bytes(p->ep->mp, s),
-                            .route_fuse = p->route_fuse, .pdl = p->launcher.pdl, .gather = gather_mode(p)};
+                            .route_fuse = p->route_fuse, .pdl = pdl_mode(p), .gather = gather_mode(p)};
     for (int i = 0; i < MOE_K_COUNT; i++)
         full.kernels[i] = p->launcher.kernels[i].name;
     /* only the bytes the caller's moe.h declares */
@@ -738,6 +761,12 @@ int moe_plan_route_fuse(const moe_plan *p, int tokens) {
     const moe_spec_t *s = &p->pd.spec;
     return moe_route_fuse_mode(tokens, moe_spec_entries(s), s->hidden, p->launcher.kernels[MOE_K_ROUTE].threads / 32,
                                !moe_spec_fp8(s));
+}
+
+int moe_plan_pdl(const moe_plan *p, int tokens) {
+    if (!p || tokens < 0 || tokens > p->pd.spec.tokens)
+        return -1;
+    return variant_pdl(p, variant_run(p, tokens, 0));
 }
 
 int moe_plan_variant_for(const moe_plan *p, int tokens) {

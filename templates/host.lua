@@ -79,6 +79,10 @@ static int ${n}_variant(int tokens) {
 @   local aligns = {}
 @   for i = 1, nv do aligns[i] = p.variants[i].align end
 static const int ${n}_variant_align[${nv}] = {${table.concat(aligns, ", ")}};
+@   local pdls = {}
+@   for i = 1, nv do pdls[i] = p.variants[i].pdl ~= 0 and "true" or "false" end
+/* Whether each variant's calls launch with overlap (its tuning entry's +pdl) when MOEGEN_PDL is unset or auto. */
+static const bool ${n}_variant_pdl[${nv}] = {${table.concat(pdls, ", ")}};
 
 static long long ${n}_max_tiles(int tokens, int v) {
     return moe_max_tiles(tokens, ${p.entries}, ${p.slots}, ${n}_variant_align[v]);
@@ -137,8 +141,9 @@ typedef struct {
     int *slot_of;   /* ${n}_slot_table's address on this device */
     int route_fuse; /* 0 with MOEGEN_ROUTE_FUSE=off (read on the first call): route, permute_plan and
                        permute_scatter always launched apart (moe_route_fuse_mode) */
-    int pdl;        /* 1 with MOEGEN_PDL=on (read on the first call) on compute capability 9.x: the forward's
-                       kernels launched as programmatic dependents (${n}_launch) */
+    int pdl;        /* MOEGEN_PDL (read on the first call): 0 off, 1 on, 2 auto (unset): whether a forward's kernels
+                       launch as programmatic dependents (${n}_launch): every call's, or those of the calls whose
+                       variant's tuning entry says +pdl (${n}_variant_pdl); 0 below compute capability 9.x */
     int combine_fuse; /* 1 with MOEGEN_COMBINE_FUSE=on (read on the first call): the combine folded into a gemv
                          down GEMM (moe_combine_fuse_tokens); else its own kernel */
     int gather;     /* MOEGEN_GATHER (read on the first call): 0 off, 1 on, 2 auto (unset): where the sm_90a up GEMM
@@ -162,9 +167,9 @@ static cudaError_t ${n}_device_init(${n}_device_t *d, int dev) {
         return cudaErrorInvalidValue;
     d->route_fuse = !(fe && !strcmp(fe, "off"));
     const char *pe = getenv("MOEGEN_PDL");
-    if (pe && *pe && strcmp(pe, "on") && strcmp(pe, "off"))
+    if (pe && *pe && strcmp(pe, "on") && strcmp(pe, "off") && strcmp(pe, "auto"))
         return cudaErrorInvalidValue;
-    d->pdl = pe && !strcmp(pe, "on") && major == 9;
+    d->pdl = major != 9 ? 0 : !pe || !*pe || !strcmp(pe, "auto") ? 2 : !strcmp(pe, "on");
     const char *ce = getenv("MOEGEN_COMBINE_FUSE");
     if (ce && *ce && strcmp(ce, "on") && strcmp(ce, "off"))
         return cudaErrorInvalidValue;
@@ -203,22 +208,22 @@ static cudaError_t ${n}_device_init(${n}_device_t *d, int dev) {
 }
 
 /* Launch kernel k on s as the JIT runtime's moe_launch_kernel does: with
- * dev->pdl a programmatic dependent of the stream's previous kernel (every
+ * pdl (the call's: dev->pdl and its variant) a programmatic dependent of the stream's previous kernel (every
  * kernel's first statement waits for the grids before it: docs/DESIGN.md,
  * "Launch overlap"), with coop a cooperative launch (every CTA resident at
  * once, or the launch fails: the chain's up GEMM, templates/gemm_gemv.lua,
  * whose CTAs wait for each other's items), else <<<>>>. A failed launch is
  * the thread's last error, which the forward returns. */
 template <typename... P, typename... A>
-static void ${n}_launch_as(const ${n}_device_t *dev, bool coop, void (*k)(P...), dim3 g, unsigned threads,
+static void ${n}_launch_as(bool pdl, bool coop, void (*k)(P...), dim3 g, unsigned threads,
                            size_t smem, cudaStream_t s, A... args) {
-    if (!dev->pdl && !coop) {
+    if (!pdl && !coop) {
         k<<<g, threads, smem, s>>>(args...);
         return;
     }
     cudaLaunchAttribute at[2];
     unsigned na = 0;
-    if (dev->pdl) {
+    if (pdl) {
         at[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
         at[na++].val.programmaticStreamSerializationAllowed = 1;
     }
@@ -236,9 +241,9 @@ static void ${n}_launch_as(const ${n}_device_t *dev, bool coop, void (*k)(P...),
     (void)cudaLaunchKernelEx(&cfg, k, args...);
 }
 template <typename... P, typename... A>
-static void ${n}_launch(const ${n}_device_t *dev, void (*k)(P...), dim3 g, unsigned threads, size_t smem,
+static void ${n}_launch(bool pdl, void (*k)(P...), dim3 g, unsigned threads, size_t smem,
                         cudaStream_t s, A... args) {
-    ${n}_launch_as(dev, false, k, g, threads, smem, s, args...);
+    ${n}_launch_as(pdl, false, k, g, threads, smem, s, args...);
 }
 
 /* The current device's entry, filled on first use; NULL with *err set. */
@@ -331,6 +336,8 @@ extern "C" cudaError_t ${n}_forward(const ${n}_args_t *a, cudaStream_t stream) {
     const ${n}_device_t *dev = ${n}_device(&e);
     if (!dev)
         return e;
+    /* launch overlap: MOEGEN_PDL=on, or auto and the variant's tuning entry (manifest.json, "variants") */
+    const bool pdl = dev->pdl == 1 || (dev->pdl == 2 && ${nv == 1 and (p.variants[1].pdl ~= 0 and "true" or "false") or (n .. "_variant_pdl[v]")});
     e = cudaMemsetAsync(counts, 0, ${p.counts_bytes}, stream);
     if (e != cudaSuccess) return e;
 @ local route, plan, scatter, combine = k.route, k.permute_plan, k.permute_scatter, k.combine
@@ -338,21 +345,21 @@ extern "C" cudaError_t ${n}_forward(const ${n}_args_t *a, cudaStream_t stream) {
     moe_route_fuse_t fz = {0, ${nv == 1 and p.align or (n .. "_variant_align[v]")}, dev->slot_of, offsets, cursor, tiles, num_tiles, xs, row_of};
     if (dev->route_fuse)
         fz.mode = moe_route_fuse_mode(T, ${p.entries}, ${p.H}, ${route.threads // 32}, ${fp8 and 0 or 1});
-    ${n}_launch(dev, ${route.name}, dim3(moe_blocks(T, ${route.per_block}), moe_route_split(T, ${route.per_block}, ${p.score == "given" and 0 or p.router_hidden})), ${route.threads}, ${route.smem}, stream,
+    ${n}_launch(pdl, ${route.name}, dim3(moe_blocks(T, ${route.per_block}), moe_route_split(T, ${route.per_block}, ${p.score == "given" and 0 or p.router_hidden})), ${route.threads}, ${route.smem}, stream,
         (const moe_half_t *)a->x, (const ${p.spec.router.weight_dtype == "fp32" and "float" or "moe_half_t"} *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,
         counts, route_part, fz${p.shared_gate and ", (const moe_half_t *)a->shared_gate" or ""}${p.spec.training and ", (float *)0" or ""}${p.given and ", a->topk_ids" or ""}${p.score == "given" and ", a->topk_weights" or ""}${p.spec.router.input == "separate" and ", (const moe_half_t *)a->router_x" or ""}${p.spec.router.expert_scale and ", a->router_expert_scale" or ""});
 @ if nv == 1 then
     if (fz.mode < MOE_ROUTE_FUSE_PLAN)
-        ${n}_launch(dev, ${plan.name}, dim3(1), ${plan.threads}, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
+        ${n}_launch(pdl, ${plan.name}, dim3(1), ${plan.threads}, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
 @ else
 @   for i = 1, nv do
 @     local vp = p.variants[i].neutral.permute_plan
     ${i == 1 and "if" or "else if"} (fz.mode < MOE_ROUTE_FUSE_PLAN && v == ${i - 1})
-        ${n}_launch(dev, ${vp.name}, dim3(1), ${vp.threads}, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
+        ${n}_launch(pdl, ${vp.name}, dim3(1), ${vp.threads}, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
 @   end
 @ end
 @ if fp8 then -- the scatter quantizes: e4m3 rows into xs, their scales into xsc (never fused into route)
-    ${n}_launch(dev, ${scatter.name}, dim3(moe_blocks(T, ${scatter.per_block})), ${scatter.threads}, 0, stream, (const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, (unsigned char *)xs, xsc, row_of);
+    ${n}_launch(pdl, ${scatter.name}, dim3(moe_blocks(T, ${scatter.per_block})), ${scatter.threads}, 0, stream, (const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, (unsigned char *)xs, xsc, row_of);
 @ elseif p.gather then
     /* the sm_90a TMA up GEMMs gather their rows from x (docs/DESIGN.md, "The gathered up GEMM"): then the scatter
      * writes src_of and no rows; not when route scatters, nor for a gemv-grid (or sm_80) up GEMM; MOEGEN_GATHER as
@@ -372,10 +379,10 @@ extern "C" cudaError_t ${n}_forward(const ${n}_args_t *a, cudaStream_t stream) {
         gsrc = src_of;
 @   end
     if (fz.mode < MOE_ROUTE_FUSE_SCATTER)
-        ${n}_launch(dev, ${scatter.name}, dim3(moe_blocks(T, ${scatter.per_block})), ${scatter.threads}, 0, stream, (const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of, gsrc);
+        ${n}_launch(pdl, ${scatter.name}, dim3(moe_blocks(T, ${scatter.per_block})), ${scatter.threads}, 0, stream, (const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of, gsrc);
 @ else
     if (fz.mode < MOE_ROUTE_FUSE_SCATTER)
-        ${n}_launch(dev, ${scatter.name}, dim3(moe_blocks(T, ${scatter.per_block})), ${scatter.threads}, 0, stream, (const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
+        ${n}_launch(pdl, ${scatter.name}, dim3(moe_blocks(T, ${scatter.per_block})), ${scatter.threads}, 0, stream, (const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
 @ end
 @ -- one sm_90a GEMM launch: the tensor maps of A (rows of the tile grid) and
 @ -- B (every expert's N rows), then the kernel on its 1D grid (one CTA per
@@ -396,7 +403,7 @@ ${ind}        return e;
 @     if (kd.splitk or 0) > 0 then tail = tail .. ", splitk, counts + " .. p.splitk_tickets_at end
 @     if kd.gather then tail = tail .. ", (const moe_half_t *)a->x, (const int *)gsrc" end
 @   end
-${ind}    ${n}_launch(dev, ${kd.name}, dim3(moe_sm90_ctas((unsigned long long)tiles_y * ${kd.ntiles}, ${kd.persistent and "1" or "0"}, ${kd.splitk or 0}, ${kd.persistent and "dev->sms" or "0"})), ${kd.threads}, ${kd.smem}, stream, ma, mb, ${mid}(const moe_half_t *)${bias}, tiles, num_tiles, ${out}${tail});
+${ind}    ${n}_launch(pdl, ${kd.name}, dim3(moe_sm90_ctas((unsigned long long)tiles_y * ${kd.ntiles}, ${kd.persistent and "1" or "0"}, ${kd.splitk or 0}, ${kd.persistent and "dev->sms" or "0"})), ${kd.threads}, ${kd.smem}, stream, ma, mb, ${mid}(const moe_half_t *)${bias}, tiles, num_tiles, ${out}${tail});
 @ end
 @ -- one GEMM on the 2D grid of the sm_80 kernels (N tiles x M tiles), raw
 @ -- pointers: the sm_80 kernels and the sm_90a gemv grid's (gemm_gemv.lua;
@@ -411,12 +418,12 @@ ${ind}    combined = cfuse;
 @   end
 @   local grid = kd.stream and ("dim3(moe_gemv_stream_ctas(dev->sms, " .. kd.smem .. "))") or ("dim3(" .. kd.ntiles .. ", (unsigned)tiles_y)")
 @   if kd.chain then -- the chain's up GEMM: its grid runs the down GEMM and the combine too
-${ind}    ${n}_launch_as(dev, true, ${kd.name}, ${grid}, ${kd.threads}, ${kd.smem}, stream, ${a}, (const moe_half_t *)${w}, (const moe_half_t *)${bias}, tiles, num_tiles, ${out}, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, xs, row_of, topk_w, T, (moe_half_t *)a->y, counts + ${p.combine_tickets_at}, counts + ${p.combine_tickets_at} + moe_chain_done_at(${p.H}));
+${ind}    ${n}_launch_as(pdl, true, ${kd.name}, ${grid}, ${kd.threads}, ${kd.smem}, stream, ${a}, (const moe_half_t *)${w}, (const moe_half_t *)${bias}, tiles, num_tiles, ${out}, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, xs, row_of, topk_w, T, (moe_half_t *)a->y, counts + ${p.combine_tickets_at}, counts + ${p.combine_tickets_at} + moe_chain_done_at(${p.H}));
 ${ind}    combined = chained = 1;
 @   elseif scales then
-${ind}    ${n}_launch(dev, ${kd.name}, ${grid}, ${kd.threads}, ${kd.smem}, stream, (const unsigned char *)${a}, (const unsigned char *)${w}, ${scales[1]}, ${scales[2]}, (const moe_half_t *)${bias}, tiles, num_tiles, ${out}${scales[3] and (", " .. scales[3]) or ""}${ub});
+${ind}    ${n}_launch(pdl, ${kd.name}, ${grid}, ${kd.threads}, ${kd.smem}, stream, (const unsigned char *)${a}, (const unsigned char *)${w}, ${scales[1]}, ${scales[2]}, (const moe_half_t *)${bias}, tiles, num_tiles, ${out}${scales[3] and (", " .. scales[3]) or ""}${ub});
 @   else
-${ind}    ${n}_launch(dev, ${kd.name}, ${grid}, ${kd.threads}, ${kd.smem}, stream, ${a}, (const moe_half_t *)${w}, (const moe_half_t *)${bias}, tiles, num_tiles, ${out}${ub});
+${ind}    ${n}_launch(pdl, ${kd.name}, ${grid}, ${kd.threads}, ${kd.smem}, stream, ${a}, (const moe_half_t *)${w}, (const moe_half_t *)${bias}, tiles, num_tiles, ${out}${ub});
 @   end
 @ end
 @ -- both GEMMs of variant vs: the sm_90a kernels on compute capability 9.x
@@ -480,7 +487,7 @@ ${ind}    }
     }
 @ end
     if (!combined)
-        ${n}_launch(dev, ${combine.name}, dim3(moe_blocks(T, ${combine.per_block}), moe_combine_split(T, ${p.H})), ${combine.threads}, 0, stream, xs, row_of, topk_w, T, (moe_half_t *)a->y);
+        ${n}_launch(pdl, ${combine.name}, dim3(moe_blocks(T, ${combine.per_block}), moe_combine_split(T, ${p.H})), ${combine.threads}, 0, stream, xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
 }
 

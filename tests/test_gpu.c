@@ -1400,11 +1400,26 @@ static void run_tokens(const moe_plan *plan, layer_t *L, int T, uint64_t *rng, c
                "moe_plan_tensor: router_w rank %d [%lld, %lld], router_bias rank %d [%lld]; want [%d, %d], [%d]", rank,
                (long long)d[0], (long long)d[1], brank, (long long)bd[0], moe_spec_scored(s), H, moe_spec_scored(s));
     }
-    { /* launch overlap: on with MOEGEN_PDL=on on sm_90a (every launch then a programmatic dependent) */
+    { /* launch overlap on sm_90a: every call with MOEGEN_PDL=on, none with off, else (auto) the calls whose
+       * variant's tuning entry says +pdl; moe_plan_info.pdl the mode where some call has it, else 0 */
         const char *pe = getenv("MOEGEN_PDL");
-        const int on = pe && !strcmp(pe, "on") && plan->launcher.arch == MOE_ARCH_SM90A;
-        CHECKF(info.pdl == on && plan->launcher.pdl == on, "moe_plan_info.pdl = %d (launcher %d) with MOEGEN_PDL=%s on %s",
-               info.pdl, plan->launcher.pdl, pe ? pe : "(unset)", moe_arch_name(plan->launcher.arch));
+        const int sm90 = plan->launcher.arch == MOE_ARCH_SM90A;
+        const int mode = !sm90 ? 0 : !pe || !*pe || !strcmp(pe, "auto") ? 2 : !strcmp(pe, "on");
+        int any = 0;
+        for (int v = 0; v < plan->pd.nvariants; v++)
+            any |= mode == 1 || (mode == 2 && plan->pd.variants[v].pdl);
+        const int last = plan->pd.nvariants - 1;
+        CHECKF(info.pdl == (any ? mode : 0) &&
+                   plan->launcher.pdl == (mode == 1 || (mode == 2 && plan->pd.variants[last].pdl)),
+               "moe_plan_info.pdl = %d (launcher %d) with MOEGEN_PDL=%s on %s", info.pdl, plan->launcher.pdl,
+               pe ? pe : "(unset)", moe_arch_name(plan->launcher.arch));
+        for (int t = 1; t <= s->tokens; t = t < 16 ? t + 1 : 2 * t) {
+            moe_launcher_t l;
+            moe_plan_launcher_for(plan, t, 0, &l);
+            const int v = moe_plan_variant_for(plan, t), want = mode == 1 || (mode == 2 && plan->pd.variants[v].pdl);
+            CHECKF(moe_plan_pdl(plan, t) == want && l.pdl == want, "%d tokens (variant %d): moe_plan_pdl %d, "
+                   "launcher %d, want %d", t, v, moe_plan_pdl(plan, t), l.pdl, want);
+        }
     }
     { /* moe_plan_info.gather: MOEGEN_GATHER's mode (2 auto, 1 on, 0 off) where some variant's up GEMM on this
        * device is a gathering one (its name ends "_gx"), else 0 */

@@ -87,14 +87,14 @@ static void test_cudnn_switch(void) {
  * folded into a gemv down GEMM): any other value fails the plan
  * before any driver use, naming the value (on a GPU test_gpu checks
  * moe_plan_info.route_fuse / .pdl and runs the cases under on and off). */
-static void test_switch_refused(const char *label, const char *var, const char *value) {
+static void test_switch_refused(const char *label, const char *var, const char *value, const char *values) {
     moe_plan *plan = NULL;
     char want[96];
     CASE(label);
-    snprintf(want, sizeof want, "%s=%s", var, value);
+    snprintf(want, sizeof want, "%s=%s: expected %s", var, value, values);
     setenv(var, value, 1);
     moe_status st = moe_plan_create(&plan, "examples/specs/mixtral-8x7b.moe", NULL);
-    CHECKF(st == MOE_ERR_INVALID_ARG && strstr(moe_last_error(), want) && strstr(moe_last_error(), "on or off"),
+    CHECKF(st == MOE_ERR_INVALID_ARG && strstr(moe_last_error(), want),
            "got %s: %s", moe_status_string(st), moe_last_error());
     CHECK(plan == NULL);
     unsetenv(var);
@@ -810,11 +810,21 @@ int main(void) {
     }
     test_cudnn_switch();
     test_switch_refused("route fuse: a bad MOEGEN_ROUTE_FUSE fails the plan before the driver, naming the value",
-                        "MOEGEN_ROUTE_FUSE", "sometimes");
+                        "MOEGEN_ROUTE_FUSE", "sometimes", "on or off");
     test_switch_refused("launch overlap: a bad MOEGEN_PDL fails the plan before the driver, naming the value",
-                        "MOEGEN_PDL", "1");
+                        "MOEGEN_PDL", "1", "on, off or auto");
     test_switch_refused("folded combine: a bad MOEGEN_COMBINE_FUSE fails the plan before the driver, naming the value",
-                        "MOEGEN_COMBINE_FUSE", "maybe");
+                        "MOEGEN_COMBINE_FUSE", "maybe", "on or off");
+    CASE("launch overlap: MOEGEN_PDL=auto (the tuning table's choice per call size) passes the switch");
+    {
+        moe_plan *plan = NULL;
+        setenv("MOEGEN_PDL", "auto", 1);
+        moe_status st = moe_plan_create(&plan, "examples/specs/mixtral-8x7b.moe", NULL);
+        CHECKF(st != MOE_ERR_INVALID_ARG && st != MOE_ERR_SPEC, "got %s: %s", moe_status_string(st), moe_last_error());
+        moe_plan_destroy(plan);
+        unsetenv("MOEGEN_PDL");
+        CHECK(moe_plan_pdl(NULL, 1) == -1);
+    }
     test_tuning_switch();
     CASE("README's table of switches and the code's getenv calls name the same variables");
     {

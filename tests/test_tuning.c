@@ -638,7 +638,7 @@ int main(void) {
         for (int i = 0; i < fs.nfiles; i++)
             if (strcmp(fs.files[i].path, "manifest.json") == 0)
                 man = fs.files[i].data.data;
-        CHECK(man && strstr(man, "{\"bucket\": 128, \"from_tokens\": 1, \"align\": 64, \"kernels\": {\"sm_90a\": "
+        CHECK(man && strstr(man, "{\"bucket\": 128, \"from_tokens\": 1, \"align\": 64, \"pdl\": false, \"kernels\": {\"sm_90a\": "
                                  "[\"mx_permute_plan_e8_a64\", \"mx_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8_gx\""));
         CHECK(man && strstr(man, "{\"bucket\": 16384, \"from_tokens\": 16384, \"align\": 128"));
         moe_fileset_free(&fs);
@@ -666,6 +666,39 @@ int main(void) {
                       &same) == 0);
         CHECK(pd.nvariants == 1 && pd.variants[0].bucket == 128 && pd.align == 64);
         moe_tuning_free(&same);
+
+        CASE("variants: +pdl parsed; equal kernels with and without it are two variants; the vendored table, the "
+             "manifest");
+        moe_tuning_t lo;
+        const char *pdl = "8 2 4096 12288 bf16 sm_90a 1 64 32 64 2 1 1 gemv3+pdl  1 2 2026-12-07 NVIDIA H100  # a\n"
+                          "8 2 4096 12288 bf16 sm_90a 2 64 32 64 2 1 1 gemv3  1 2 2026-12-07 NVIDIA H100\n"
+                          "8 2 4096 12288 bf16 sm_90a 8 64 32 64 2 1 1 gemv3  1 2 2026-12-07 NVIDIA H100\n"
+                          "8 2 4096 12288 bf16 sm_90a 128 64 128 64 6 1 8 tile+pdl  1 2 2026-12-07 NVIDIA H100\n";
+        CHECKF(parse(&lo, pdl, &d) == 0, "%s", d.msg);
+        CHECK(lo.n == 4 && lo.e[0].pdl == 1 && lo.e[0].gemv == 3 && lo.e[1].pdl == 0 && lo.e[3].pdl == 1 &&
+              lo.e[3].gemv == 0 && !lo.e[3].persistent && !strcmp(lo.e[3].gpu, "NVIDIA H100"));
+        CHECK(plan_of(&pd, big, &lo) == 0);
+        CHECK(pd.nvariants == 3 && pd.variants[0].bucket == 1 && pd.variants[0].pdl == 1 &&
+              pd.variants[1].bucket == 2 && pd.variants[1].pdl == 0 && pd.variants[2].bucket == 128 &&
+              pd.variants[2].pdl == 1);
+        CHECK_STREQ(pd.variants[0].kernels[MOE_ARCH_SM90A][MOE_K_GEMM_UP].name,
+                    pd.variants[1].kernels[MOE_ARCH_SM90A][MOE_K_GEMM_UP].name);
+        CHECK(moe_plan_pick_variant(&pd, 1) == 0 && moe_plan_pick_variant(&pd, 7) == 1 &&
+              moe_plan_pick_variant(&pd, 8) == 1);
+        CHECKF(moe_emit_source(&pd, NULL, &src, &ed) == 0, "%s", ed.msg);
+        text = src.data ? src.data : "";
+        CHECK(strstr(text, "mx_variant_pdl[3] = {true, false, true};") != NULL);
+        CHECK(strstr(text, "const bool pdl = dev->pdl == 1 || (dev->pdl == 2 && mx_variant_pdl[v]);") != NULL);
+        moe_buf_free(&src);
+        CHECKF(moe_emit_files(&pd, NULL, &fs, &ed) == 0, "%s", ed.msg);
+        man = NULL;
+        for (int i = 0; i < fs.nfiles; i++)
+            if (strcmp(fs.files[i].path, "manifest.json") == 0)
+                man = fs.files[i].data.data;
+        CHECK(man && strstr(man, "{\"bucket\": 1, \"from_tokens\": 1, \"align\": 64, \"pdl\": true,") &&
+              strstr(man, "{\"bucket\": 2, \"from_tokens\": 2, \"align\": 64, \"pdl\": false,"));
+        moe_fileset_free(&fs);
+        moe_tuning_free(&lo);
 
         CASE("variants: a training plan's saved region, the cuDNN path's tile table cover the capacity's variant");
         CHECK(plan_of(&pd, "name = 'mx'\nexperts = 8\ntop_k = 2\nhidden = 4096\nffn = 12288\ntokens = 16384\n"
@@ -1034,6 +1067,19 @@ int main(void) {
                  "('persistent')");
     expect_error("8 2 4096 12288 bf16 sm_90a 1 64 48 64 2 1 1 gemv 1 2 2026-12-04 H200\n",
                  "t.tune:1: error: gemv: bn (the weight rows per CTA) must be 8, 16, 32, 64, 128 or 256");
+    expect_error("8 2 4096 12288 bf16 sm_90a 1 64 32 64 2 1 1 gemv+pd 1 2 2026-12-07 H100\n",
+                 "t.tune:1: error: the grid's only suffix is +pdl (launch overlap for the bucket's calls) "
+                 "('gemv+pd')");
+    expect_error("8 2 4096 12288 bf16 sm_90a 1 64 32 64 2 1 1 gemv+pdl+pdl 1 2 2026-12-07 H100\n",
+                 "t.tune:1: error: the grid's only suffix is +pdl (launch overlap for the bucket's calls) "
+                 "('gemv+pdl+pdl')");
+    expect_error("8 2 4096 12288 bf16 sm_90a 1 64 32 64 2 1 1 +pdl 1 2 2026-12-07 H100\n",
+                 "t.tune:1: error: grid must be tile (one CTA per tile), persist (one CTA per SM), pingpong (one "
+                 "CTA per SM, its consumer warpgroups on alternate tiles), splitkS (S = 2..16 CTAs per tile, "
+                 "each over a share of K), gemv (a CTA per bn weight rows of a tile, for few rows per expert), "
+                 "gemv3 (gemv, three CTAs an SM), gemv4 (gemv, four CTAs an SM), stream (a CTA per SM streaming the weights through a ring) or "
+                 "chain (stream, the up GEMM's grid running the down GEMM and the combine too) "
+                 "('')");
     expect_error("8 2 4096 12288 bf16 sm_90a 1 32 64 64 2 1 1 gemv 1 2 2026-12-04 H200\n",
                  "t.tune:1: error: gemv: bm (the tile table's row block) must be 64 or 128");
     expect_error("8 2 4096 12288 bf16 sm_90a 1 64 64 64 3 1 1 gemv 1 2 2026-12-04 H200\n",

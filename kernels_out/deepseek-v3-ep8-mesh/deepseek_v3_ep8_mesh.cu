@@ -3227,9 +3227,9 @@ __device__ int deepseek_v3_ep8_mesh_slot_table[256] = {0, 1, 2, 3, 4, 5, 6, 7, 8
 static long long deepseek_v3_ep8_mesh_max_tiles(int tokens) {
     return moe_max_tiles(tokens, 8, 256, 128);
 }
-#line 87 "templates/host.lua"
+#line 91 "templates/host.lua"
 
-#line 89 "templates/host.lua"
+#line 93 "templates/host.lua"
 /* A 2D TMA tensor map over rows x k halves at base as the sm_90a GEMMs
  * load it (moe_tmap_geom). The driver's encoder comes through the runtime
  * (cudaGetDriverEntryPoint), so nothing links libcuda. */
@@ -3254,7 +3254,7 @@ static cudaError_t deepseek_v3_ep8_mesh_encoder(deepseek_v3_ep8_mesh_encode_fn *
     return cudaSuccess;
 }
 
-#line 118 "templates/host.lua"
+#line 122 "templates/host.lua"
 static cudaError_t deepseek_v3_ep8_mesh_tmap(deepseek_v3_ep8_mesh_encode_fn encode, moe_tmap_t *m, const void *base, long long rows, long long k,
                            unsigned box_rows) {
     const moe_tmap_geom_t g = moe_tmap_geom(rows, k, box_rows);
@@ -3263,7 +3263,7 @@ static cudaError_t deepseek_v3_ep8_mesh_tmap(deepseek_v3_ep8_mesh_encode_fn enco
     return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-#line 128 "templates/host.lua"
+#line 132 "templates/host.lua"
 /* What the forward needs of the current device, found on the first call on
  * each device (one process may drive several GPUs; threads may make their
  * first calls at once: one fills the entry under the lock, then publishes
@@ -3276,15 +3276,16 @@ typedef struct {
     int *slot_of;   /* deepseek_v3_ep8_mesh_slot_table's address on this device */
     int route_fuse; /* 0 with MOEGEN_ROUTE_FUSE=off (read on the first call): route, permute_plan and
                        permute_scatter always launched apart (moe_route_fuse_mode) */
-    int pdl;        /* 1 with MOEGEN_PDL=on (read on the first call) on compute capability 9.x: the forward's
-                       kernels launched as programmatic dependents (deepseek_v3_ep8_mesh_launch) */
+    int pdl;        /* MOEGEN_PDL (read on the first call): 0 off, 1 on, 2 auto (unset): whether a forward's kernels
+                       launch as programmatic dependents (deepseek_v3_ep8_mesh_launch): every call's, or those of the calls whose
+                       variant's tuning entry says +pdl (deepseek_v3_ep8_mesh_variant_pdl); 0 below compute capability 9.x */
     int combine_fuse; /* 1 with MOEGEN_COMBINE_FUSE=on (read on the first call): the combine folded into a gemv
                          down GEMM (moe_combine_fuse_tokens); else its own kernel */
     int gather;     /* MOEGEN_GATHER (read on the first call): 0 off, 1 on, 2 auto (unset): where the sm_90a up GEMM
                        gathers its rows from x (moe_gather_tokens under auto) */
-#line 147 "templates/host.lua"
+#line 152 "templates/host.lua"
     deepseek_v3_ep8_mesh_encode_fn encode;
-#line 149 "templates/host.lua"
+#line 154 "templates/host.lua"
 } deepseek_v3_ep8_mesh_device_t;
 static deepseek_v3_ep8_mesh_device_t deepseek_v3_ep8_mesh_devices[deepseek_v3_ep8_mesh_MAX_DEVICES];
 static std::mutex deepseek_v3_ep8_mesh_devices_lock;
@@ -3301,9 +3302,9 @@ static cudaError_t deepseek_v3_ep8_mesh_device_init(deepseek_v3_ep8_mesh_device_
         return cudaErrorInvalidValue;
     d->route_fuse = !(fe && !strcmp(fe, "off"));
     const char *pe = getenv("MOEGEN_PDL");
-    if (pe && *pe && strcmp(pe, "on") && strcmp(pe, "off"))
+    if (pe && *pe && strcmp(pe, "on") && strcmp(pe, "off") && strcmp(pe, "auto"))
         return cudaErrorInvalidValue;
-    d->pdl = pe && !strcmp(pe, "on") && major == 9;
+    d->pdl = major != 9 ? 0 : !pe || !*pe || !strcmp(pe, "auto") ? 2 : !strcmp(pe, "on");
     const char *ce = getenv("MOEGEN_COMBINE_FUSE");
     if (ce && *ce && strcmp(ce, "on") && strcmp(ce, "off"))
         return cudaErrorInvalidValue;
@@ -3312,42 +3313,42 @@ static cudaError_t deepseek_v3_ep8_mesh_device_init(deepseek_v3_ep8_mesh_device_
     if (ge && *ge && strcmp(ge, "on") && strcmp(ge, "off") && strcmp(ge, "auto"))
         return cudaErrorInvalidValue;
     d->gather = !ge || !*ge || !strcmp(ge, "auto") ? 2 : !strcmp(ge, "on");
-#line 180 "templates/host.lua"
-    d->use90 = major == 9;
 #line 185 "templates/host.lua"
+    d->use90 = major == 9;
+#line 190 "templates/host.lua"
     if (d->use90 && (e = deepseek_v3_ep8_mesh_encoder(&d->encode)) != cudaSuccess)
         return e;
-#line 198 "templates/host.lua"
+#line 203 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(deepseek_v3_ep8_mesh_route_bf16_e256k8_t32k64s2, cudaFuncAttributeMaxDynamicSharedMemorySize, 82944)) != cudaSuccess) return e;
-#line 198 "templates/host.lua"
+#line 203 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(deepseek_v3_ep8_mesh_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s3c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 147504)) != cudaSuccess) return e;
-#line 198 "templates/host.lua"
+#line 203 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(deepseek_v3_ep8_mesh_gemm_down_bf16_sm90a_tma_m128n256k64s3c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 147504)) != cudaSuccess) return e;
-#line 198 "templates/host.lua"
+#line 203 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(deepseek_v3_ep8_mesh_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 81920)) != cudaSuccess) return e;
-#line 198 "templates/host.lua"
+#line 203 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(deepseek_v3_ep8_mesh_gemm_down_bf16_m128n128k32s4w2x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 81920)) != cudaSuccess) return e;
-#line 202 "templates/host.lua"
+#line 207 "templates/host.lua"
     return cudaSuccess;
 }
 
 /* Launch kernel k on s as the JIT runtime's moe_launch_kernel does: with
- * dev->pdl a programmatic dependent of the stream's previous kernel (every
+ * pdl (the call's: dev->pdl and its variant) a programmatic dependent of the stream's previous kernel (every
  * kernel's first statement waits for the grids before it: docs/DESIGN.md,
  * "Launch overlap"), with coop a cooperative launch (every CTA resident at
  * once, or the launch fails: the chain's up GEMM, templates/gemm_gemv.lua,
  * whose CTAs wait for each other's items), else <<<>>>. A failed launch is
  * the thread's last error, which the forward returns. */
 template <typename... P, typename... A>
-static void deepseek_v3_ep8_mesh_launch_as(const deepseek_v3_ep8_mesh_device_t *dev, bool coop, void (*k)(P...), dim3 g, unsigned threads,
+static void deepseek_v3_ep8_mesh_launch_as(bool pdl, bool coop, void (*k)(P...), dim3 g, unsigned threads,
                            size_t smem, cudaStream_t s, A... args) {
-    if (!dev->pdl && !coop) {
+    if (!pdl && !coop) {
         k<<<g, threads, smem, s>>>(args...);
         return;
     }
     cudaLaunchAttribute at[2];
     unsigned na = 0;
-    if (dev->pdl) {
+    if (pdl) {
         at[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
         at[na++].val.programmaticStreamSerializationAllowed = 1;
     }
@@ -3365,9 +3366,9 @@ static void deepseek_v3_ep8_mesh_launch_as(const deepseek_v3_ep8_mesh_device_t *
     (void)cudaLaunchKernelEx(&cfg, k, args...);
 }
 template <typename... P, typename... A>
-static void deepseek_v3_ep8_mesh_launch(const deepseek_v3_ep8_mesh_device_t *dev, void (*k)(P...), dim3 g, unsigned threads, size_t smem,
+static void deepseek_v3_ep8_mesh_launch(bool pdl, void (*k)(P...), dim3 g, unsigned threads, size_t smem,
                         cudaStream_t s, A... args) {
-    deepseek_v3_ep8_mesh_launch_as(dev, false, k, g, threads, smem, s, args...);
+    deepseek_v3_ep8_mesh_launch_as(pdl, false, k, g, threads, smem, s, args...);
 }
 
 /* The current device's entry, filled on first use; NULL with *err set. */
@@ -3392,105 +3393,107 @@ static deepseek_v3_ep8_mesh_device_t *deepseek_v3_ep8_mesh_device(cudaError_t *e
 }
 
 extern "C" cudaError_t deepseek_v3_ep8_mesh_forward(const deepseek_v3_ep8_mesh_args_t *a, cudaStream_t stream) {
-#line 267 "templates/host.lua"
+#line 272 "templates/host.lua"
     /* mesh.ep = 8: the expert-parallel forward runs through libmoegen (moe_forward
      * with a NCCL communicator); this single-device launcher refuses it. */
     (void)a, (void)stream;
     return cudaErrorNotSupported;
-#line 272 "templates/host.lua"
+#line 277 "templates/host.lua"
     if (!a || a->tokens < 0 || a->tokens > deepseek_v3_ep8_mesh_MAX_TOKENS)
         return cudaErrorInvalidValue;
     if (a->tokens == 0) /* an empty batch: nothing to enqueue, y untouched */
         return cudaSuccess;
-#line 280 "templates/host.lua"
+#line 285 "templates/host.lua"
     if (!a->x || !a->router_w || !a->w1p || !a->w2 || !a->y || !a->workspace)
         return cudaErrorInvalidValue;
-#line 283 "templates/host.lua"
+#line 288 "templates/host.lua"
     /* rows moved 16 bytes at a time: x and y 16-byte aligned, the workspace 256 (as moe_forward checks) */
     if ((uintptr_t)a->x % 16 || (uintptr_t)a->y % 16 || (uintptr_t)a->workspace % 256)
         return cudaErrorInvalidValue;
-#line 296 "templates/host.lua"
+#line 301 "templates/host.lua"
     if (!a->router_bias) return cudaErrorInvalidValue;
-#line 310 "templates/host.lua"
+#line 315 "templates/host.lua"
     const int T = a->tokens;
     char *ws = (char *)a->workspace;
-#line 319 "templates/host.lua"
+#line 324 "templates/host.lua"
     int *counts = (int *)(ws + 0);
-#line 319 "templates/host.lua"
+#line 324 "templates/host.lua"
     int *offsets = (int *)(ws + 1536);
-#line 319 "templates/host.lua"
+#line 324 "templates/host.lua"
     int *cursor = (int *)(ws + 2816);
-#line 319 "templates/host.lua"
+#line 324 "templates/host.lua"
     int *num_tiles = (int *)(ws + 3840);
-#line 319 "templates/host.lua"
+#line 324 "templates/host.lua"
     moe_tile_t *tiles = (moe_tile_t *)(ws + 4096);
-#line 319 "templates/host.lua"
+#line 324 "templates/host.lua"
     int *topk_idx = (int *)(ws + 12288);
-#line 319 "templates/host.lua"
+#line 324 "templates/host.lua"
     float *topk_w = (float *)(ws + 143360);
-#line 319 "templates/host.lua"
+#line 324 "templates/host.lua"
     int *row_of = (int *)(ws + 274432);
-#line 319 "templates/host.lua"
+#line 324 "templates/host.lua"
     moe_half_t *xs = (moe_half_t *)(ws + 405504);
-#line 319 "templates/host.lua"
+#line 324 "templates/host.lua"
     moe_half_t *hbuf = (moe_half_t *)(ws + 936259584);
-#line 319 "templates/host.lua"
+#line 324 "templates/host.lua"
     float *route_part = (float *)(ws + 1203646464);
-#line 323 "templates/host.lua"
+#line 328 "templates/host.lua"
     const long long tiles_y = deepseek_v3_ep8_mesh_max_tiles(T);
-#line 330 "templates/host.lua"
+#line 335 "templates/host.lua"
     cudaError_t e;
     const deepseek_v3_ep8_mesh_device_t *dev = deepseek_v3_ep8_mesh_device(&e);
     if (!dev)
         return e;
+    /* launch overlap: MOEGEN_PDL=on, or auto and the variant's tuning entry (manifest.json, "variants") */
+    const bool pdl = dev->pdl == 1 || (dev->pdl == 2 && false);
     e = cudaMemsetAsync(counts, 0, 1288, stream);
     if (e != cudaSuccess) return e;
-#line 337 "templates/host.lua"
+#line 344 "templates/host.lua"
     /* calls of few tokens: the permute plan (and the scatter) in route's last block (moe_route_fuse_mode) */
     moe_route_fuse_t fz = {0, 128, dev->slot_of, offsets, cursor, tiles, num_tiles, xs, row_of};
     if (dev->route_fuse)
         fz.mode = moe_route_fuse_mode(T, 8, 7168, 8, 1);
-    deepseek_v3_ep8_mesh_launch(dev, deepseek_v3_ep8_mesh_route_bf16_e256k8_t32k64s2, dim3(moe_blocks(T, 32), moe_route_split(T, 32, 7168)), 256, 82944, stream,
+    deepseek_v3_ep8_mesh_launch(pdl, deepseek_v3_ep8_mesh_route_bf16_e256k8_t32k64s2, dim3(moe_blocks(T, 32), moe_route_split(T, 32, 7168)), 256, 82944, stream,
         (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,
         counts, route_part, fz);
-#line 345 "templates/host.lua"
+#line 352 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_PLAN)
-        deepseek_v3_ep8_mesh_launch(dev, deepseek_v3_ep8_mesh_permute_plan_e256_a128, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 377 "templates/host.lua"
+        deepseek_v3_ep8_mesh_launch(pdl, deepseek_v3_ep8_mesh_permute_plan_e256_a128, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
+#line 384 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_SCATTER)
-        deepseek_v3_ep8_mesh_launch(dev, deepseek_v3_ep8_mesh_permute_scatter_bf16_h7168k8, dim3(moe_blocks(T, 8)), 256, 0, stream, (const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
-#line 459 "templates/host.lua"
+        deepseek_v3_ep8_mesh_launch(pdl, deepseek_v3_ep8_mesh_permute_scatter_bf16_h7168k8, dim3(moe_blocks(T, 8)), 256, 0, stream, (const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
+#line 466 "templates/host.lua"
     /* few tokens: a gemv down GEMM writes y itself (moe_combine_fuse_tokens) */
     const int cfuse = dev->combine_fuse && moe_combine_fuse_tokens(T);
     int combined = 0;
     (void)cfuse;
-#line 426 "templates/host.lua"
+#line 433 "templates/host.lua"
     if (dev->use90) {
-#line 431 "templates/host.lua"
+#line 438 "templates/host.lua"
     moe_tmap_t ma, mb;
-#line 385 "templates/host.lua"
+#line 392 "templates/host.lua"
     if ((e = deepseek_v3_ep8_mesh_tmap(dev->encode, &ma, xs, tiles_y * 128, 7168, 128)) != cudaSuccess ||
         (e = deepseek_v3_ep8_mesh_tmap(dev->encode, &mb, a->w1p, 1048576LL, 7168, 256)) != cudaSuccess)
         return e;
-#line 399 "templates/host.lua"
-    deepseek_v3_ep8_mesh_launch(dev, deepseek_v3_ep8_mesh_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s3c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 16, 0, 0, 0)), 384, 147504, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 385 "templates/host.lua"
+#line 406 "templates/host.lua"
+    deepseek_v3_ep8_mesh_launch(pdl, deepseek_v3_ep8_mesh_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s3c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 16, 0, 0, 0)), 384, 147504, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+#line 392 "templates/host.lua"
     if ((e = deepseek_v3_ep8_mesh_tmap(dev->encode, &ma, hbuf, tiles_y * 128, 2048, 128)) != cudaSuccess ||
         (e = deepseek_v3_ep8_mesh_tmap(dev->encode, &mb, a->w2, 1835008LL, 2048, 256)) != cudaSuccess)
         return e;
-#line 399 "templates/host.lua"
-    deepseek_v3_ep8_mesh_launch(dev, deepseek_v3_ep8_mesh_gemm_down_bf16_sm90a_tma_m128n256k64s3c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 28, 0, 0, 0)), 384, 147504, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 449 "templates/host.lua"
-    } else {
-#line 419 "templates/host.lua"
-    deepseek_v3_ep8_mesh_launch(dev, deepseek_v3_ep8_mesh_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8, dim3(32, (unsigned)tiles_y), 256, 81920, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 419 "templates/host.lua"
-    deepseek_v3_ep8_mesh_launch(dev, deepseek_v3_ep8_mesh_gemm_down_bf16_m128n128k32s4w2x4g8, dim3(56, (unsigned)tiles_y), 256, 81920, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
+#line 406 "templates/host.lua"
+    deepseek_v3_ep8_mesh_launch(pdl, deepseek_v3_ep8_mesh_gemm_down_bf16_sm90a_tma_m128n256k64s3c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 28, 0, 0, 0)), 384, 147504, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
 #line 456 "templates/host.lua"
+    } else {
+#line 426 "templates/host.lua"
+    deepseek_v3_ep8_mesh_launch(pdl, deepseek_v3_ep8_mesh_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8, dim3(32, (unsigned)tiles_y), 256, 81920, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+#line 426 "templates/host.lua"
+    deepseek_v3_ep8_mesh_launch(pdl, deepseek_v3_ep8_mesh_gemm_down_bf16_m128n128k32s4w2x4g8, dim3(56, (unsigned)tiles_y), 256, 81920, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
+#line 463 "templates/host.lua"
     }
-#line 482 "templates/host.lua"
+#line 489 "templates/host.lua"
     if (!combined)
-        deepseek_v3_ep8_mesh_launch(dev, deepseek_v3_ep8_mesh_combine_bf16_h7168k8, dim3(moe_blocks(T, 8), moe_combine_split(T, 7168)), 256, 0, stream, xs, row_of, topk_w, T, (moe_half_t *)a->y);
+        deepseek_v3_ep8_mesh_launch(pdl, deepseek_v3_ep8_mesh_combine_bf16_h7168k8, dim3(moe_blocks(T, 8), moe_combine_split(T, 7168)), 256, 0, stream, xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
 }
 
@@ -3511,7 +3514,7 @@ extern "C" void deepseek_v3_ep8_mesh_pack_b1(const unsigned short *b1, unsigned 
             b1p[e * 2 * F + moe_pack_row(r, F)] = b1[e * 2 * F + r];
 }
 
-#line 505 "templates/host.lua"
+#line 512 "templates/host.lua"
 /* The device-side pack of one checkpoint tensor (the runtime's
  * moe_plan_pack_async; README.md, "Weight layouts"): slots first ..
  * first + count - 1 of packed tensor `tensor` (pack_geom.h's MOE_PACK_*)
@@ -3536,5 +3539,5 @@ extern "C" cudaError_t deepseek_v3_ep8_mesh_pack(int tensor, void *dst, const vo
         (const unsigned short *)(two ? src1 : src0), a, b, first, count);
     return cudaGetLastError();
 }
-#line 629 "templates/host.lua"
+#line 636 "templates/host.lua"
 #endif /* __CUDACC_RTC__ */

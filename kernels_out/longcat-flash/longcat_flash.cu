@@ -3409,13 +3409,16 @@ static int longcat_flash_variant(int tokens) {
 /* The row block (GEMM bm) of each variant, and the M tiles of a call. */
 #line 81 "templates/host.lua"
 static const int longcat_flash_variant_align[2] = {64, 64};
+#line 84 "templates/host.lua"
+/* Whether each variant's calls launch with overlap (its tuning entry's +pdl) when MOEGEN_PDL is unset or auto. */
+static const bool longcat_flash_variant_pdl[2] = {false, false};
 
 static long long longcat_flash_max_tiles(int tokens, int v) {
     return moe_max_tiles(tokens, 12, 512, longcat_flash_variant_align[v]);
 }
-#line 87 "templates/host.lua"
+#line 91 "templates/host.lua"
 
-#line 89 "templates/host.lua"
+#line 93 "templates/host.lua"
 /* A 2D TMA tensor map over rows x k halves at base as the sm_90a GEMMs
  * load it (moe_tmap_geom). The driver's encoder comes through the runtime
  * (cudaGetDriverEntryPoint), so nothing links libcuda. */
@@ -3440,7 +3443,7 @@ static cudaError_t longcat_flash_encoder(longcat_flash_encode_fn *encode) {
     return cudaSuccess;
 }
 
-#line 118 "templates/host.lua"
+#line 122 "templates/host.lua"
 static cudaError_t longcat_flash_tmap(longcat_flash_encode_fn encode, moe_tmap_t *m, const void *base, long long rows, long long k,
                            unsigned box_rows) {
     const moe_tmap_geom_t g = moe_tmap_geom(rows, k, box_rows);
@@ -3449,7 +3452,7 @@ static cudaError_t longcat_flash_tmap(longcat_flash_encode_fn encode, moe_tmap_t
     return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-#line 128 "templates/host.lua"
+#line 132 "templates/host.lua"
 /* What the forward needs of the current device, found on the first call on
  * each device (one process may drive several GPUs; threads may make their
  * first calls at once: one fills the entry under the lock, then publishes
@@ -3462,15 +3465,16 @@ typedef struct {
     int *slot_of;   /* longcat_flash_slot_table's address on this device */
     int route_fuse; /* 0 with MOEGEN_ROUTE_FUSE=off (read on the first call): route, permute_plan and
                        permute_scatter always launched apart (moe_route_fuse_mode) */
-    int pdl;        /* 1 with MOEGEN_PDL=on (read on the first call) on compute capability 9.x: the forward's
-                       kernels launched as programmatic dependents (longcat_flash_launch) */
+    int pdl;        /* MOEGEN_PDL (read on the first call): 0 off, 1 on, 2 auto (unset): whether a forward's kernels
+                       launch as programmatic dependents (longcat_flash_launch): every call's, or those of the calls whose
+                       variant's tuning entry says +pdl (longcat_flash_variant_pdl); 0 below compute capability 9.x */
     int combine_fuse; /* 1 with MOEGEN_COMBINE_FUSE=on (read on the first call): the combine folded into a gemv
                          down GEMM (moe_combine_fuse_tokens); else its own kernel */
     int gather;     /* MOEGEN_GATHER (read on the first call): 0 off, 1 on, 2 auto (unset): where the sm_90a up GEMM
                        gathers its rows from x (moe_gather_tokens under auto) */
-#line 147 "templates/host.lua"
+#line 152 "templates/host.lua"
     longcat_flash_encode_fn encode;
-#line 149 "templates/host.lua"
+#line 154 "templates/host.lua"
 } longcat_flash_device_t;
 static longcat_flash_device_t longcat_flash_devices[longcat_flash_MAX_DEVICES];
 static std::mutex longcat_flash_devices_lock;
@@ -3487,9 +3491,9 @@ static cudaError_t longcat_flash_device_init(longcat_flash_device_t *d, int dev)
         return cudaErrorInvalidValue;
     d->route_fuse = !(fe && !strcmp(fe, "off"));
     const char *pe = getenv("MOEGEN_PDL");
-    if (pe && *pe && strcmp(pe, "on") && strcmp(pe, "off"))
+    if (pe && *pe && strcmp(pe, "on") && strcmp(pe, "off") && strcmp(pe, "auto"))
         return cudaErrorInvalidValue;
-    d->pdl = pe && !strcmp(pe, "on") && major == 9;
+    d->pdl = major != 9 ? 0 : !pe || !*pe || !strcmp(pe, "auto") ? 2 : !strcmp(pe, "on");
     const char *ce = getenv("MOEGEN_COMBINE_FUSE");
     if (ce && *ce && strcmp(ce, "on") && strcmp(ce, "off"))
         return cudaErrorInvalidValue;
@@ -3498,46 +3502,46 @@ static cudaError_t longcat_flash_device_init(longcat_flash_device_t *d, int dev)
     if (ge && *ge && strcmp(ge, "on") && strcmp(ge, "off") && strcmp(ge, "auto"))
         return cudaErrorInvalidValue;
     d->gather = !ge || !*ge || !strcmp(ge, "auto") ? 2 : !strcmp(ge, "on");
-#line 177 "templates/host.lua"
+#line 182 "templates/host.lua"
     d->combine_fuse = 0; /* zero experts: a call may have no tile, and the folded combine runs in the tiles' CTAs */
-#line 180 "templates/host.lua"
-    d->use90 = major == 9;
 #line 185 "templates/host.lua"
+    d->use90 = major == 9;
+#line 190 "templates/host.lua"
     if (d->use90 && (e = longcat_flash_encoder(&d->encode)) != cudaSuccess)
         return e;
-#line 198 "templates/host.lua"
+#line 203 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(longcat_flash_route_bf16_e512z256k12_t32k32s4, cudaFuncAttributeMaxDynamicSharedMemorySize, 150528)) != cudaSuccess) return e;
-#line 198 "templates/host.lua"
+#line 203 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(longcat_flash_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u2, cudaFuncAttributeMaxDynamicSharedMemorySize, 65536)) != cudaSuccess) return e;
-#line 198 "templates/host.lua"
+#line 203 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(longcat_flash_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 61440)) != cudaSuccess) return e;
-#line 198 "templates/host.lua"
+#line 203 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(longcat_flash_gemm_down_bf16_m64n128k32s4w2x2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 61440)) != cudaSuccess) return e;
-#line 198 "templates/host.lua"
+#line 203 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(longcat_flash_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 147552)) != cudaSuccess) return e;
-#line 198 "templates/host.lua"
+#line 203 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(longcat_flash_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 147552)) != cudaSuccess) return e;
-#line 202 "templates/host.lua"
+#line 207 "templates/host.lua"
     return cudaSuccess;
 }
 
 /* Launch kernel k on s as the JIT runtime's moe_launch_kernel does: with
- * dev->pdl a programmatic dependent of the stream's previous kernel (every
+ * pdl (the call's: dev->pdl and its variant) a programmatic dependent of the stream's previous kernel (every
  * kernel's first statement waits for the grids before it: docs/DESIGN.md,
  * "Launch overlap"), with coop a cooperative launch (every CTA resident at
  * once, or the launch fails: the chain's up GEMM, templates/gemm_gemv.lua,
  * whose CTAs wait for each other's items), else <<<>>>. A failed launch is
  * the thread's last error, which the forward returns. */
 template <typename... P, typename... A>
-static void longcat_flash_launch_as(const longcat_flash_device_t *dev, bool coop, void (*k)(P...), dim3 g, unsigned threads,
+static void longcat_flash_launch_as(bool pdl, bool coop, void (*k)(P...), dim3 g, unsigned threads,
                            size_t smem, cudaStream_t s, A... args) {
-    if (!dev->pdl && !coop) {
+    if (!pdl && !coop) {
         k<<<g, threads, smem, s>>>(args...);
         return;
     }
     cudaLaunchAttribute at[2];
     unsigned na = 0;
-    if (dev->pdl) {
+    if (pdl) {
         at[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
         at[na++].val.programmaticStreamSerializationAllowed = 1;
     }
@@ -3555,9 +3559,9 @@ static void longcat_flash_launch_as(const longcat_flash_device_t *dev, bool coop
     (void)cudaLaunchKernelEx(&cfg, k, args...);
 }
 template <typename... P, typename... A>
-static void longcat_flash_launch(const longcat_flash_device_t *dev, void (*k)(P...), dim3 g, unsigned threads, size_t smem,
+static void longcat_flash_launch(bool pdl, void (*k)(P...), dim3 g, unsigned threads, size_t smem,
                         cudaStream_t s, A... args) {
-    longcat_flash_launch_as(dev, false, k, g, threads, smem, s, args...);
+    longcat_flash_launch_as(pdl, false, k, g, threads, smem, s, args...);
 }
 
 /* The current device's entry, filled on first use; NULL with *err set. */
@@ -3582,126 +3586,128 @@ static longcat_flash_device_t *longcat_flash_device(cudaError_t *err) {
 }
 
 extern "C" cudaError_t longcat_flash_forward(const longcat_flash_args_t *a, cudaStream_t stream) {
-#line 272 "templates/host.lua"
+#line 277 "templates/host.lua"
     if (!a || a->tokens < 0 || a->tokens > longcat_flash_MAX_TOKENS)
         return cudaErrorInvalidValue;
     if (a->tokens == 0) /* an empty batch: nothing to enqueue, y untouched */
         return cudaSuccess;
-#line 280 "templates/host.lua"
+#line 285 "templates/host.lua"
     if (!a->x || !a->router_w || !a->w1p || !a->w2 || !a->y || !a->workspace)
         return cudaErrorInvalidValue;
-#line 283 "templates/host.lua"
+#line 288 "templates/host.lua"
     /* rows moved 16 bytes at a time: x and y 16-byte aligned, the workspace 256 (as moe_forward checks) */
     if ((uintptr_t)a->x % 16 || (uintptr_t)a->y % 16 || (uintptr_t)a->workspace % 256)
         return cudaErrorInvalidValue;
-#line 296 "templates/host.lua"
+#line 301 "templates/host.lua"
     if (!a->router_bias) return cudaErrorInvalidValue;
-#line 310 "templates/host.lua"
+#line 315 "templates/host.lua"
     const int T = a->tokens;
     char *ws = (char *)a->workspace;
-#line 319 "templates/host.lua"
+#line 324 "templates/host.lua"
     int *counts = (int *)(ws + 0);
-#line 319 "templates/host.lua"
+#line 324 "templates/host.lua"
     int *offsets = (int *)(ws + 5632);
-#line 319 "templates/host.lua"
+#line 324 "templates/host.lua"
     int *cursor = (int *)(ws + 7936);
-#line 319 "templates/host.lua"
+#line 324 "templates/host.lua"
     int *num_tiles = (int *)(ws + 9984);
-#line 319 "templates/host.lua"
+#line 324 "templates/host.lua"
     moe_tile_t *tiles = (moe_tile_t *)(ws + 10240);
-#line 319 "templates/host.lua"
+#line 324 "templates/host.lua"
     int *topk_idx = (int *)(ws + 67584);
-#line 319 "templates/host.lua"
+#line 324 "templates/host.lua"
     float *topk_w = (float *)(ws + 854016);
-#line 319 "templates/host.lua"
+#line 324 "templates/host.lua"
     int *row_of = (int *)(ws + 1640448);
-#line 319 "templates/host.lua"
+#line 324 "templates/host.lua"
     moe_half_t *xs = (moe_half_t *)(ws + 2426880);
-#line 319 "templates/host.lua"
+#line 324 "templates/host.lua"
     moe_half_t *hbuf = (moe_half_t *)(ws + 3016034304);
-#line 319 "templates/host.lua"
+#line 324 "templates/host.lua"
     float *route_part = (float *)(ws + 3953461248);
-#line 325 "templates/host.lua"
+#line 330 "templates/host.lua"
     const int v = longcat_flash_variant(T);
     const long long tiles_y = longcat_flash_max_tiles(T, v);
-#line 330 "templates/host.lua"
+#line 335 "templates/host.lua"
     cudaError_t e;
     const longcat_flash_device_t *dev = longcat_flash_device(&e);
     if (!dev)
         return e;
+    /* launch overlap: MOEGEN_PDL=on, or auto and the variant's tuning entry (manifest.json, "variants") */
+    const bool pdl = dev->pdl == 1 || (dev->pdl == 2 && longcat_flash_variant_pdl[v]);
     e = cudaMemsetAsync(counts, 0, 5384, stream);
     if (e != cudaSuccess) return e;
-#line 337 "templates/host.lua"
+#line 344 "templates/host.lua"
     /* calls of few tokens: the permute plan (and the scatter) in route's last block (moe_route_fuse_mode) */
     moe_route_fuse_t fz = {0, longcat_flash_variant_align[v], dev->slot_of, offsets, cursor, tiles, num_tiles, xs, row_of};
     if (dev->route_fuse)
         fz.mode = moe_route_fuse_mode(T, 12, 6144, 8, 1);
-    longcat_flash_launch(dev, longcat_flash_route_bf16_e512z256k12_t32k32s4, dim3(moe_blocks(T, 32), moe_route_split(T, 32, 6144)), 256, 150528, stream,
+    longcat_flash_launch(pdl, longcat_flash_route_bf16_e512z256k12_t32k32s4, dim3(moe_blocks(T, 32), moe_route_split(T, 32, 6144)), 256, 150528, stream,
         (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,
         counts, route_part, fz);
-#line 350 "templates/host.lua"
+#line 357 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 0)
-        longcat_flash_launch(dev, longcat_flash_permute_plan_e512_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 350 "templates/host.lua"
+        longcat_flash_launch(pdl, longcat_flash_permute_plan_e512_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
+#line 357 "templates/host.lua"
     else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 1)
-        longcat_flash_launch(dev, longcat_flash_permute_plan_e512_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 377 "templates/host.lua"
+        longcat_flash_launch(pdl, longcat_flash_permute_plan_e512_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
+#line 384 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_SCATTER)
-        longcat_flash_launch(dev, longcat_flash_permute_scatter_bf16_h6144k12_e512z256, dim3(moe_blocks(T, 8)), 256, 0, stream, (const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
-#line 459 "templates/host.lua"
+        longcat_flash_launch(pdl, longcat_flash_permute_scatter_bf16_h6144k12_e512z256, dim3(moe_blocks(T, 8)), 256, 0, stream, (const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
+#line 466 "templates/host.lua"
     /* few tokens: a gemv down GEMM writes y itself (moe_combine_fuse_tokens) */
     const int cfuse = dev->combine_fuse && moe_combine_fuse_tokens(T);
     int combined = 0;
     (void)cfuse;
-#line 477 "templates/host.lua"
+#line 484 "templates/host.lua"
     if (v == 0) { /* calls of 1 .. 127 tokens */
-#line 426 "templates/host.lua"
+#line 433 "templates/host.lua"
         if (dev->use90) {
-#line 419 "templates/host.lua"
-        longcat_flash_launch(dev, longcat_flash_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u2, dim3(128, (unsigned)tiles_y), 256, 65536, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 410 "templates/host.lua"
+#line 426 "templates/host.lua"
+        longcat_flash_launch(pdl, longcat_flash_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u2, dim3(128, (unsigned)tiles_y), 256, 65536, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+#line 417 "templates/host.lua"
         combined = cfuse;
-#line 419 "templates/host.lua"
-        longcat_flash_launch(dev, longcat_flash_gemm_down_bf16_sm90a_gemv_m64n32u2, dim3(192, (unsigned)tiles_y), 256, 32768, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs, row_of, topk_w, T, cfuse ? (moe_half_t *)a->y : (moe_half_t *)0, counts + 578);
-#line 449 "templates/host.lua"
-        } else {
-#line 419 "templates/host.lua"
-        longcat_flash_launch(dev, longcat_flash_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(32, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 419 "templates/host.lua"
-        longcat_flash_launch(dev, longcat_flash_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(48, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 456 "templates/host.lua"
-        }
-#line 477 "templates/host.lua"
-    } else if (v == 1) { /* calls of 128 or more tokens */
 #line 426 "templates/host.lua"
+        longcat_flash_launch(pdl, longcat_flash_gemm_down_bf16_sm90a_gemv_m64n32u2, dim3(192, (unsigned)tiles_y), 256, 32768, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs, row_of, topk_w, T, cfuse ? (moe_half_t *)a->y : (moe_half_t *)0, counts + 578);
+#line 456 "templates/host.lua"
+        } else {
+#line 426 "templates/host.lua"
+        longcat_flash_launch(pdl, longcat_flash_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(32, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+#line 426 "templates/host.lua"
+        longcat_flash_launch(pdl, longcat_flash_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(48, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
+#line 463 "templates/host.lua"
+        }
+#line 484 "templates/host.lua"
+    } else if (v == 1) { /* calls of 128 or more tokens */
+#line 433 "templates/host.lua"
         if (dev->use90) {
-#line 431 "templates/host.lua"
+#line 438 "templates/host.lua"
         moe_tmap_t ma, mb;
-#line 385 "templates/host.lua"
+#line 392 "templates/host.lua"
         if ((e = longcat_flash_tmap(dev->encode, &ma, xs, tiles_y * 64, 6144, 64)) != cudaSuccess ||
             (e = longcat_flash_tmap(dev->encode, &mb, a->w1p, 2097152LL, 6144, 128)) != cudaSuccess)
             return e;
-#line 399 "templates/host.lua"
-        longcat_flash_launch(dev, longcat_flash_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 32, 0, 0, 0)), 256, 147552, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 385 "templates/host.lua"
+#line 406 "templates/host.lua"
+        longcat_flash_launch(pdl, longcat_flash_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 32, 0, 0, 0)), 256, 147552, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+#line 392 "templates/host.lua"
         if ((e = longcat_flash_tmap(dev->encode, &ma, hbuf, tiles_y * 64, 2048, 64)) != cudaSuccess ||
             (e = longcat_flash_tmap(dev->encode, &mb, a->w2, 3145728LL, 2048, 128)) != cudaSuccess)
             return e;
-#line 399 "templates/host.lua"
-        longcat_flash_launch(dev, longcat_flash_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 48, 0, 0, 0)), 256, 147552, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 449 "templates/host.lua"
-        } else {
-#line 419 "templates/host.lua"
-        longcat_flash_launch(dev, longcat_flash_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(32, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 419 "templates/host.lua"
-        longcat_flash_launch(dev, longcat_flash_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(48, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
+#line 406 "templates/host.lua"
+        longcat_flash_launch(pdl, longcat_flash_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 48, 0, 0, 0)), 256, 147552, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
 #line 456 "templates/host.lua"
+        } else {
+#line 426 "templates/host.lua"
+        longcat_flash_launch(pdl, longcat_flash_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(32, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+#line 426 "templates/host.lua"
+        longcat_flash_launch(pdl, longcat_flash_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(48, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
+#line 463 "templates/host.lua"
         }
-#line 480 "templates/host.lua"
+#line 487 "templates/host.lua"
     }
-#line 482 "templates/host.lua"
+#line 489 "templates/host.lua"
     if (!combined)
-        longcat_flash_launch(dev, longcat_flash_combine_bf16_h6144k12, dim3(moe_blocks(T, 8), moe_combine_split(T, 6144)), 256, 0, stream, xs, row_of, topk_w, T, (moe_half_t *)a->y);
+        longcat_flash_launch(pdl, longcat_flash_combine_bf16_h6144k12, dim3(moe_blocks(T, 8), moe_combine_split(T, 6144)), 256, 0, stream, xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
 }
 
@@ -3722,7 +3728,7 @@ extern "C" void longcat_flash_pack_b1(const unsigned short *b1, unsigned short *
             b1p[e * 2 * F + moe_pack_row(r, F)] = b1[e * 2 * F + r];
 }
 
-#line 505 "templates/host.lua"
+#line 512 "templates/host.lua"
 /* The device-side pack of one checkpoint tensor (the runtime's
  * moe_plan_pack_async; README.md, "Weight layouts"): slots first ..
  * first + count - 1 of packed tensor `tensor` (pack_geom.h's MOE_PACK_*)
@@ -3747,5 +3753,5 @@ extern "C" cudaError_t longcat_flash_pack(int tensor, void *dst, const void *src
         (const unsigned short *)(two ? src1 : src0), a, b, first, count);
     return cudaGetLastError();
 }
-#line 629 "templates/host.lua"
+#line 636 "templates/host.lua"
 #endif /* __CUDACC_RTC__ */

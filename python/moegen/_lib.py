@@ -132,6 +132,7 @@ _SIGNATURES = {
                                  ctypes.POINTER(c_char_p), ctypes.POINTER(c_char_p)]),
     "moe_plan_variant_for": (c_int, [c_void_p, c_int]),
     "moe_plan_route_fuse": (c_int, [c_void_p, c_int]),
+    "moe_plan_pdl": (c_int, [c_void_p, c_int]),
     "moe_plan_routing_errors": (c_int, [c_void_p, c_void_p, c_void_p, ctypes.POINTER(ctypes.c_longlong)]),
     "moe_plan_tensor": (c_int, [c_void_p, c_char_p, ctypes.POINTER(c_int), ctypes.POINTER(ctypes.c_int64),
                                 ctypes.POINTER(c_char_p)]),

@@ -115,6 +115,13 @@ class Plan:
         self._check_tokens(tokens)
         return self._lib.moe_plan_route_fuse(self.handle, tokens)
 
+    def pdl(self, tokens):
+        """Whether a forward of `tokens` tokens launches its kernels with
+        launch overlap (moe.h, moe_plan_pdl): 1 yes (MOEGEN_PDL=on, or its
+        GEMM variant's tuning entry says +pdl), 0 no."""
+        self._check_tokens(tokens)
+        return self._lib.moe_plan_pdl(self.handle, tokens)
+
     def _check_tokens(self, tokens):
         if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 0:
             raise ValueError("tokens must be an int >= 0, not %r" % (tokens,))

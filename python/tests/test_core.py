@@ -220,6 +220,8 @@ class SpecDict(unittest.TestCase):
             self.assertEqual((len(v), v[0].bucket, v[0].align, plan.variant_for(1), plan.variant_for(64)),
                              (1, 0, plan.info.align, 0, 0))
             self.assertEqual(v[0].gemm_up, plan.info.kernels[3])
+            # no entry, no +pdl: launch overlap only where MOEGEN_PDL=on asks for it
+            self.assertEqual(plan.pdl(1), 1 if plan.info.pdl == 1 else 0)
             plan.close()
 
 

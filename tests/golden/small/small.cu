@@ -3037,9 +3037,9 @@ __device__ int small_slot_table[12] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11};
 static long long small_max_tiles(int tokens) {
     return moe_max_tiles(tokens, 3, 12, 128);
 }
-#line 87 "templates/host.lua"
+#line 91 "templates/host.lua"
 
-#line 89 "templates/host.lua"
+#line 93 "templates/host.lua"
 /* A 2D TMA tensor map over rows x k halves at base as the sm_90a GEMMs
  * load it (moe_tmap_geom). The driver's encoder comes through the runtime
  * (cudaGetDriverEntryPoint), so nothing links libcuda. */
@@ -3064,7 +3064,7 @@ static cudaError_t small_encoder(small_encode_fn *encode) {
     return cudaSuccess;
 }
 
-#line 118 "templates/host.lua"
+#line 122 "templates/host.lua"
 static cudaError_t small_tmap(small_encode_fn encode, moe_tmap_t *m, const void *base, long long rows, long long k,
                            unsigned box_rows) {
     const moe_tmap_geom_t g = moe_tmap_geom(rows, k, box_rows);
@@ -3073,7 +3073,7 @@ static cudaError_t small_tmap(small_encode_fn encode, moe_tmap_t *m, const void 
     return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-#line 128 "templates/host.lua"
+#line 132 "templates/host.lua"
 /* What the forward needs of the current device, found on the first call on
  * each device (one process may drive several GPUs; threads may make their
  * first calls at once: one fills the entry under the lock, then publishes
@@ -3086,15 +3086,16 @@ typedef struct {
     int *slot_of;   /* small_slot_table's address on this device */
     int route_fuse; /* 0 with MOEGEN_ROUTE_FUSE=off (read on the first call): route, permute_plan and
                        permute_scatter always launched apart (moe_route_fuse_mode) */
-    int pdl;        /* 1 with MOEGEN_PDL=on (read on the first call) on compute capability 9.x: the forward's
-                       kernels launched as programmatic dependents (small_launch) */
+    int pdl;        /* MOEGEN_PDL (read on the first call): 0 off, 1 on, 2 auto (unset): whether a forward's kernels
+                       launch as programmatic dependents (small_launch): every call's, or those of the calls whose
+                       variant's tuning entry says +pdl (small_variant_pdl); 0 below compute capability 9.x */
     int combine_fuse; /* 1 with MOEGEN_COMBINE_FUSE=on (read on the first call): the combine folded into a gemv
                          down GEMM (moe_combine_fuse_tokens); else its own kernel */
     int gather;     /* MOEGEN_GATHER (read on the first call): 0 off, 1 on, 2 auto (unset): where the sm_90a up GEMM
                        gathers its rows from x (moe_gather_tokens under auto) */
-#line 147 "templates/host.lua"
+#line 152 "templates/host.lua"
     small_encode_fn encode;
-#line 149 "templates/host.lua"
+#line 154 "templates/host.lua"
 } small_device_t;
 static small_device_t small_devices[small_MAX_DEVICES];
 static std::mutex small_devices_lock;
@@ -3111,9 +3112,9 @@ static cudaError_t small_device_init(small_device_t *d, int dev) {
         return cudaErrorInvalidValue;
     d->route_fuse = !(fe && !strcmp(fe, "off"));
     const char *pe = getenv("MOEGEN_PDL");
-    if (pe && *pe && strcmp(pe, "on") && strcmp(pe, "off"))
+    if (pe && *pe && strcmp(pe, "on") && strcmp(pe, "off") && strcmp(pe, "auto"))
         return cudaErrorInvalidValue;
-    d->pdl = pe && !strcmp(pe, "on") && major == 9;
+    d->pdl = major != 9 ? 0 : !pe || !*pe || !strcmp(pe, "auto") ? 2 : !strcmp(pe, "on");
     const char *ce = getenv("MOEGEN_COMBINE_FUSE");
     if (ce && *ce && strcmp(ce, "on") && strcmp(ce, "off"))
         return cudaErrorInvalidValue;
@@ -3122,42 +3123,42 @@ static cudaError_t small_device_init(small_device_t *d, int dev) {
     if (ge && *ge && strcmp(ge, "on") && strcmp(ge, "off") && strcmp(ge, "auto"))
         return cudaErrorInvalidValue;
     d->gather = !ge || !*ge || !strcmp(ge, "auto") ? 2 : !strcmp(ge, "on");
-#line 180 "templates/host.lua"
-    d->use90 = major == 9;
 #line 185 "templates/host.lua"
+    d->use90 = major == 9;
+#line 190 "templates/host.lua"
     if (d->use90 && (e = small_encoder(&d->encode)) != cudaSuccess)
         return e;
-#line 198 "templates/host.lua"
+#line 203 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(small_route_bf16_e12k3_t32k128s6, cudaFuncAttributeMaxDynamicSharedMemorySize, 78336)) != cudaSuccess) return e;
-#line 198 "templates/host.lua"
+#line 203 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(small_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8_gx, cudaFuncAttributeMaxDynamicSharedMemorySize, 196672)) != cudaSuccess) return e;
-#line 198 "templates/host.lua"
+#line 203 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(small_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 196672)) != cudaSuccess) return e;
-#line 198 "templates/host.lua"
+#line 203 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(small_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 81920)) != cudaSuccess) return e;
-#line 198 "templates/host.lua"
+#line 203 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(small_gemm_down_bf16_m128n128k32s4w2x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 81920)) != cudaSuccess) return e;
-#line 202 "templates/host.lua"
+#line 207 "templates/host.lua"
     return cudaSuccess;
 }
 
 /* Launch kernel k on s as the JIT runtime's moe_launch_kernel does: with
- * dev->pdl a programmatic dependent of the stream's previous kernel (every
+ * pdl (the call's: dev->pdl and its variant) a programmatic dependent of the stream's previous kernel (every
  * kernel's first statement waits for the grids before it: docs/DESIGN.md,
  * "Launch overlap"), with coop a cooperative launch (every CTA resident at
  * once, or the launch fails: the chain's up GEMM, templates/gemm_gemv.lua,
  * whose CTAs wait for each other's items), else <<<>>>. A failed launch is
  * the thread's last error, which the forward returns. */
 template <typename... P, typename... A>
-static void small_launch_as(const small_device_t *dev, bool coop, void (*k)(P...), dim3 g, unsigned threads,
+static void small_launch_as(bool pdl, bool coop, void (*k)(P...), dim3 g, unsigned threads,
                            size_t smem, cudaStream_t s, A... args) {
-    if (!dev->pdl && !coop) {
+    if (!pdl && !coop) {
         k<<<g, threads, smem, s>>>(args...);
         return;
     }
     cudaLaunchAttribute at[2];
     unsigned na = 0;
-    if (dev->pdl) {
+    if (pdl) {
         at[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
         at[na++].val.programmaticStreamSerializationAllowed = 1;
     }
@@ -3175,9 +3176,9 @@ static void small_launch_as(const small_device_t *dev, bool coop, void (*k)(P...
     (void)cudaLaunchKernelEx(&cfg, k, args...);
 }
 template <typename... P, typename... A>
-static void small_launch(const small_device_t *dev, void (*k)(P...), dim3 g, unsigned threads, size_t smem,
+static void small_launch(bool pdl, void (*k)(P...), dim3 g, unsigned threads, size_t smem,
                         cudaStream_t s, A... args) {
-    small_launch_as(dev, false, k, g, threads, smem, s, args...);
+    small_launch_as(pdl, false, k, g, threads, smem, s, args...);
 }
 
 /* The current device's entry, filled on first use; NULL with *err set. */
@@ -3202,110 +3203,112 @@ static small_device_t *small_device(cudaError_t *err) {
 }
 
 extern "C" cudaError_t small_forward(const small_args_t *a, cudaStream_t stream) {
-#line 272 "templates/host.lua"
+#line 277 "templates/host.lua"
     if (!a || a->tokens < 0 || a->tokens > small_MAX_TOKENS)
         return cudaErrorInvalidValue;
     if (a->tokens == 0) /* an empty batch: nothing to enqueue, y untouched */
         return cudaSuccess;
-#line 280 "templates/host.lua"
+#line 285 "templates/host.lua"
     if (!a->x || !a->router_w || !a->w1p || !a->w2 || !a->y || !a->workspace)
         return cudaErrorInvalidValue;
-#line 283 "templates/host.lua"
+#line 288 "templates/host.lua"
     /* rows moved 16 bytes at a time: x and y 16-byte aligned, the workspace 256 (as moe_forward checks) */
     if ((uintptr_t)a->x % 16 || (uintptr_t)a->y % 16 || (uintptr_t)a->workspace % 256)
         return cudaErrorInvalidValue;
-#line 310 "templates/host.lua"
+#line 315 "templates/host.lua"
     const int T = a->tokens;
     char *ws = (char *)a->workspace;
-#line 319 "templates/host.lua"
+#line 324 "templates/host.lua"
     int *counts = (int *)(ws + 0);
-#line 319 "templates/host.lua"
+#line 324 "templates/host.lua"
     int *offsets = (int *)(ws + 512);
-#line 319 "templates/host.lua"
+#line 324 "templates/host.lua"
     int *cursor = (int *)(ws + 768);
-#line 319 "templates/host.lua"
+#line 324 "templates/host.lua"
     int *num_tiles = (int *)(ws + 1024);
-#line 319 "templates/host.lua"
+#line 324 "templates/host.lua"
     moe_tile_t *tiles = (moe_tile_t *)(ws + 1280);
-#line 319 "templates/host.lua"
+#line 324 "templates/host.lua"
     int *topk_idx = (int *)(ws + 1792);
-#line 319 "templates/host.lua"
+#line 324 "templates/host.lua"
     float *topk_w = (float *)(ws + 7936);
-#line 319 "templates/host.lua"
+#line 324 "templates/host.lua"
     int *row_of = (int *)(ws + 14080);
-#line 319 "templates/host.lua"
+#line 324 "templates/host.lua"
     moe_half_t *xs = (moe_half_t *)(ws + 20224);
-#line 319 "templates/host.lua"
+#line 324 "templates/host.lua"
     moe_half_t *hbuf = (moe_half_t *)(ws + 9420544);
-#line 319 "templates/host.lua"
+#line 324 "templates/host.lua"
     float *route_part = (float *)(ws + 13337344);
-#line 319 "templates/host.lua"
+#line 324 "templates/host.lua"
     int *src_of = (int *)(ws + 13533952);
-#line 323 "templates/host.lua"
+#line 328 "templates/host.lua"
     const long long tiles_y = small_max_tiles(T);
-#line 330 "templates/host.lua"
+#line 335 "templates/host.lua"
     cudaError_t e;
     const small_device_t *dev = small_device(&e);
     if (!dev)
         return e;
+    /* launch overlap: MOEGEN_PDL=on, or auto and the variant's tuning entry (manifest.json, "variants") */
+    const bool pdl = dev->pdl == 1 || (dev->pdl == 2 && false);
     e = cudaMemsetAsync(counts, 0, 312, stream);
     if (e != cudaSuccess) return e;
-#line 337 "templates/host.lua"
+#line 344 "templates/host.lua"
     /* calls of few tokens: the permute plan (and the scatter) in route's last block (moe_route_fuse_mode) */
     moe_route_fuse_t fz = {0, 128, dev->slot_of, offsets, cursor, tiles, num_tiles, xs, row_of};
     if (dev->route_fuse)
         fz.mode = moe_route_fuse_mode(T, 3, 1536, 8, 1);
-    small_launch(dev, small_route_bf16_e12k3_t32k128s6, dim3(moe_blocks(T, 32), moe_route_split(T, 32, 1536)), 256, 78336, stream,
+    small_launch(pdl, small_route_bf16_e12k3_t32k128s6, dim3(moe_blocks(T, 32), moe_route_split(T, 32, 1536)), 256, 78336, stream,
         (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,
         counts, route_part, fz);
-#line 345 "templates/host.lua"
+#line 352 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_PLAN)
-        small_launch(dev, small_permute_plan_e12_a128, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 357 "templates/host.lua"
+        small_launch(pdl, small_permute_plan_e12_a128, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
+#line 364 "templates/host.lua"
     /* the sm_90a TMA up GEMMs gather their rows from x (docs/DESIGN.md, "The gathered up GEMM"): then the scatter
      * writes src_of and no rows; not when route scatters, nor for a gemv-grid (or sm_80) up GEMM; MOEGEN_GATHER as
      * libmoegen reads it (auto: at the sizes moe_gather_tokens allows) */
     int *gsrc = (int *)0;
     (void)src_of;
-#line 370 "templates/host.lua"
+#line 377 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_SCATTER && dev->use90 && dev->gather && (1) &&
         (dev->gather == 1 || moe_gather_tokens(T, 3, 12, 640)))
         gsrc = src_of;
-#line 374 "templates/host.lua"
+#line 381 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_SCATTER)
-        small_launch(dev, small_permute_scatter_bf16_h1536k3_gx, dim3(moe_blocks(T, 8)), 256, 0, stream, (const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of, gsrc);
-#line 459 "templates/host.lua"
+        small_launch(pdl, small_permute_scatter_bf16_h1536k3_gx, dim3(moe_blocks(T, 8)), 256, 0, stream, (const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of, gsrc);
+#line 466 "templates/host.lua"
     /* few tokens: a gemv down GEMM writes y itself (moe_combine_fuse_tokens) */
     const int cfuse = dev->combine_fuse && moe_combine_fuse_tokens(T);
     int combined = 0;
     (void)cfuse;
-#line 426 "templates/host.lua"
+#line 433 "templates/host.lua"
     if (dev->use90) {
-#line 431 "templates/host.lua"
+#line 438 "templates/host.lua"
     moe_tmap_t ma, mb;
-#line 385 "templates/host.lua"
+#line 392 "templates/host.lua"
     if ((e = small_tmap(dev->encode, &ma, xs, tiles_y * 128, 1536, 128)) != cudaSuccess ||
         (e = small_tmap(dev->encode, &mb, a->w1p, 15360LL, 1536, 256)) != cudaSuccess)
         return e;
-#line 399 "templates/host.lua"
-    small_launch(dev, small_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8_gx, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 5, 0, 0, 0)), 384, 196672, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf, (const moe_half_t *)a->x, (const int *)gsrc);
-#line 385 "templates/host.lua"
+#line 406 "templates/host.lua"
+    small_launch(pdl, small_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8_gx, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 5, 0, 0, 0)), 384, 196672, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf, (const moe_half_t *)a->x, (const int *)gsrc);
+#line 392 "templates/host.lua"
     if ((e = small_tmap(dev->encode, &ma, hbuf, tiles_y * 128, 640, 128)) != cudaSuccess ||
         (e = small_tmap(dev->encode, &mb, a->w2, 18432LL, 640, 256)) != cudaSuccess)
         return e;
-#line 399 "templates/host.lua"
-    small_launch(dev, small_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 6, 0, 0, 0)), 384, 196672, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 449 "templates/host.lua"
-    } else {
-#line 419 "templates/host.lua"
-    small_launch(dev, small_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8, dim3(10, (unsigned)tiles_y), 256, 81920, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 419 "templates/host.lua"
-    small_launch(dev, small_gemm_down_bf16_m128n128k32s4w2x4g8, dim3(12, (unsigned)tiles_y), 256, 81920, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
+#line 406 "templates/host.lua"
+    small_launch(pdl, small_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 6, 0, 0, 0)), 384, 196672, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
 #line 456 "templates/host.lua"
+    } else {
+#line 426 "templates/host.lua"
+    small_launch(pdl, small_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8, dim3(10, (unsigned)tiles_y), 256, 81920, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+#line 426 "templates/host.lua"
+    small_launch(pdl, small_gemm_down_bf16_m128n128k32s4w2x4g8, dim3(12, (unsigned)tiles_y), 256, 81920, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
+#line 463 "templates/host.lua"
     }
-#line 482 "templates/host.lua"
+#line 489 "templates/host.lua"
     if (!combined)
-        small_launch(dev, small_combine_bf16_h1536k3, dim3(moe_blocks(T, 8), moe_combine_split(T, 1536)), 256, 0, stream, xs, row_of, topk_w, T, (moe_half_t *)a->y);
+        small_launch(pdl, small_combine_bf16_h1536k3, dim3(moe_blocks(T, 8), moe_combine_split(T, 1536)), 256, 0, stream, xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
 }
 
@@ -3326,7 +3329,7 @@ extern "C" void small_pack_b1(const unsigned short *b1, unsigned short *b1p) {
             b1p[e * 2 * F + moe_pack_row(r, F)] = b1[e * 2 * F + r];
 }
 
-#line 505 "templates/host.lua"
+#line 512 "templates/host.lua"
 /* The device-side pack of one checkpoint tensor (the runtime's
  * moe_plan_pack_async; README.md, "Weight layouts"): slots first ..
  * first + count - 1 of packed tensor `tensor` (pack_geom.h's MOE_PACK_*)
@@ -3351,5 +3354,5 @@ extern "C" cudaError_t small_pack(int tensor, void *dst, const void *src0, const
         (const unsigned short *)(two ? src1 : src0), a, b, first, count);
     return cudaGetLastError();
 }
-#line 629 "templates/host.lua"
+#line 636 "templates/host.lua"
 #endif /* __CUDACC_RTC__ */
