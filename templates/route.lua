@@ -535,6 +535,9 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const ${c.fp32w and "float" or "mo
 @ if c.fuse_scatter then
     __shared__ int s_ent[NW * ENTRIES], s_row[NW * ENTRIES];   // the fused scatter's entries and their rows
 @ end
+@ if not c.given then
+    __shared__ int s_sel[ENTRIES];   // the block's first token's slots (a zero expert: INT_MAX), for a 1-token plan
+@ end
 @ if not p.bias then
     (void)sel_bias;
 @ end
@@ -1141,6 +1144,10 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const ${c.fp32w and "float" or "mo
         if (tt < NW && lane < ENTRIES)   // the entries of the fused scatter's tokens (mode 2: at most NW), kept here
             s_ent[tt * ENTRIES + lane] = lane < K ? mine : E + lane - K;
 @ end
+@ if not c.given then
+        if (tt == 0 && lane < ENTRIES)
+            s_sel[lane] = lane < K ? (mine < E ? mine : 0x7fffffff) : E + lane - K;
+@ end
     }
     __syncthreads();
     for (int e = tid; e < E; e += THREADS)
@@ -1171,6 +1178,28 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const ${c.fp32w and "float" or "mo
             return;
         /* the dynamic smem is free: phase 2 is done with the logits */
         int *s_off = reinterpret_cast<int *>(smem), *s_first = s_off + SLOTS;
+@ if not c.given then
+        if (tokens == 1) {
+            /* one token: its selected slots (s_sel; distinct: top-k picks distinct experts, the shared slots are
+             * their own) take one row block each, in slot order, so a slot's offset is align times the selected
+             * slots below it and its tile the one with that index: no scan, no barrier */
+            for (int e = tid; e <= SLOTS; e += THREADS) {
+                int below = 0;
+#pragma unroll
+                for (int k = 0; k < ENTRIES; ++k) below += s_sel[k] < e;
+                const int off = below * fuse.align;
+                fuse.offsets[e] = off;
+                if (e == SLOTS) {
+                    *fuse.num_tiles = below;
+                    break;
+                }
+                fuse.cursor[e] = 0;
+                s_off[e] = off;
+                if (s_count[e])
+                    reinterpret_cast<int4 *>(fuse.tiles)[below] = make_int4(s_slot[e], off, 1, 0);
+            }
+        } else
+@ end
         moe_plan_block<THREADS, SLOTS>(counts, one ? s_count : nullptr, s_slot, fuse.align, fuse.offsets,
                                        fuse.cursor, fuse.tiles, fuse.num_tiles, s_off, s_first, s_wr, s_wt);
 @ if c.fuse_scatter then
