@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Run 133 (twenty-fourth session): the vendored launcher of main 6856a75 on a GPU (test_vendored on Qwen3-30B's
+# emitted source: its 1- and 8-token calls launch with overlap by the table's +pdl under MOEGEN_PDL unset, none
+# with off), and test_gpu of r132 (run 132's build) at <= 8 tokens on the specs whose route takes other branches
+# of the 1-token tail (given ids and weights: the scan plan; router.apply = "input": the tail's copy; groups;
+# training). Carry ["build/r132", "build/r133"].
+set -u
+mkdir -p "$OUT/w"
+export NCCL_NVLS_ENABLE=0 MOEGEN_CACHE_DIR=/tmp/moegen_cache
+. bench/gpu_env.sh
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader > "$OUT/w/gpu.txt"
+timeout 100 build/r133/test_vendored examples/specs/qwen3-30b-a3b.moe > "$OUT/w/test_vendored.log" 2>&1
+echo "test_vendored (MOEGEN_PDL unset): exit $? ($SECONDS s)" >> "$OUT/w/rc.txt"
+MOEGEN_PDL=off timeout 100 build/r133/test_vendored examples/specs/qwen3-30b-a3b.moe > "$OUT/w/test_vendored_off.log" 2>&1
+echo "test_vendored (MOEGEN_PDL=off): exit $? ($SECONDS s)" >> "$OUT/w/rc.txt"
+cp build/r132/moegen build/r132/libmoegen.so build/r132/libmoegen_ref.so build/r132/liblua5.4.so.0 build/r132/libjansson.so.4 build/
+timeout 120 stdbuf -oL -eL build/r132/test_gpu --tokens-max 8 given_ids given_weights apply_input group_12e \
+    training deepseek-v3-ep8 > "$OUT/w/test_gpu_r132_other8.log" 2>&1
+echo "test_gpu r132 other specs <= 8: exit $? ($SECONDS s)" >> "$OUT/w/rc.txt"
+cat "$OUT/w/rc.txt"
+for f in "$OUT"/w/test_*.log; do echo "$f: $(tail -1 "$f")"; grep -h -m5 FAIL "$f"; done
