@@ -6292,7 +6292,7 @@ static int gpt_oss_20b_variant(int tokens) {
 #line 73 "templates/host.lua"
     if (tokens >= 8) return 2;
 #line 73 "templates/host.lua"
-    if (tokens >= 2) return 1;
+    if (tokens >= 4) return 1;
 #line 75 "templates/host.lua"
     return 0;
 }
@@ -6582,7 +6582,7 @@ extern "C" cudaError_t gpt_oss_20b_forward(const gpt_oss_20b_args_t *a, cudaStre
     int combined = 0;
     (void)cfuse;
 #line 484 "templates/host.lua"
-    if (v == 0) { /* calls of 1 .. 1 tokens */
+    if (v == 0) { /* calls of 1 .. 3 tokens */
 #line 433 "templates/host.lua"
         if (dev->use90) {
 #line 426 "templates/host.lua"
@@ -6600,7 +6600,7 @@ extern "C" cudaError_t gpt_oss_20b_forward(const gpt_oss_20b_args_t *a, cudaStre
 #line 463 "templates/host.lua"
         }
 #line 484 "templates/host.lua"
-    } else if (v == 1) { /* calls of 2 .. 7 tokens */
+    } else if (v == 1) { /* calls of 4 .. 7 tokens */
 #line 433 "templates/host.lua"
         if (dev->use90) {
 #line 426 "templates/host.lua"

@@ -5119,23 +5119,21 @@ __device__ int qwen3_30b_a3b_slot_table[128] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10
  * so a CUDA graph captured at T replays T's variant. */
 static int qwen3_30b_a3b_variant(int tokens) {
 #line 73 "templates/host.lua"
-    if (tokens >= 4096) return 4;
+    if (tokens >= 4096) return 3;
 #line 73 "templates/host.lua"
-    if (tokens >= 48) return 3;
+    if (tokens >= 48) return 2;
 #line 73 "templates/host.lua"
-    if (tokens >= 8) return 2;
-#line 73 "templates/host.lua"
-    if (tokens >= 2) return 1;
+    if (tokens >= 8) return 1;
 #line 75 "templates/host.lua"
     return 0;
 }
 
 /* The row block (GEMM bm) of each variant, and the M tiles of a call. */
 #line 81 "templates/host.lua"
-static const int qwen3_30b_a3b_variant_align[5] = {64, 64, 64, 64, 64};
+static const int qwen3_30b_a3b_variant_align[4] = {64, 64, 64, 64};
 #line 84 "templates/host.lua"
 /* Whether each variant's calls launch with overlap (its tuning entry's +pdl) when MOEGEN_PDL is unset or auto. */
-static const bool qwen3_30b_a3b_variant_pdl[5] = {true, false, true, false, false};
+static const bool qwen3_30b_a3b_variant_pdl[4] = {true, true, false, false};
 
 static long long qwen3_30b_a3b_max_tiles(int tokens, int v) {
     return moe_max_tiles(tokens, 8, 128, qwen3_30b_a3b_variant_align[v]);
@@ -5381,9 +5379,6 @@ extern "C" cudaError_t qwen3_30b_a3b_forward(const qwen3_30b_a3b_args_t *a, cuda
 #line 357 "templates/host.lua"
     else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 3)
         qwen3_30b_a3b_launch(pdl, qwen3_30b_a3b_permute_plan_e128_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 357 "templates/host.lua"
-    else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 4)
-        qwen3_30b_a3b_launch(pdl, qwen3_30b_a3b_permute_plan_e128_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
 #line 364 "templates/host.lua"
     /* the sm_90a TMA up GEMMs gather their rows from x (docs/DESIGN.md, "The gathered up GEMM"): then the scatter
      * writes src_of and no rows; not when route scatters, nor for a gemv-grid (or sm_80) up GEMM; MOEGEN_GATHER as
@@ -5391,7 +5386,7 @@ extern "C" cudaError_t qwen3_30b_a3b_forward(const qwen3_30b_a3b_args_t *a, cuda
     int *gsrc = (int *)0;
     (void)src_of;
 #line 377 "templates/host.lua"
-    if (fz.mode < MOE_ROUTE_FUSE_SCATTER && dev->use90 && dev->gather && (v == 3 || v == 4) &&
+    if (fz.mode < MOE_ROUTE_FUSE_SCATTER && dev->use90 && dev->gather && (v == 2 || v == 3) &&
         (dev->gather == 1 || moe_gather_tokens(T, 8, 128, 768)))
         gsrc = src_of;
 #line 381 "templates/host.lua"
@@ -5403,7 +5398,7 @@ extern "C" cudaError_t qwen3_30b_a3b_forward(const qwen3_30b_a3b_args_t *a, cuda
     int combined = 0;
     (void)cfuse;
 #line 484 "templates/host.lua"
-    if (v == 0) { /* calls of 1 .. 1 tokens */
+    if (v == 0) { /* calls of 1 .. 7 tokens */
 #line 433 "templates/host.lua"
         if (dev->use90) {
 #line 426 "templates/host.lua"
@@ -5421,25 +5416,7 @@ extern "C" cudaError_t qwen3_30b_a3b_forward(const qwen3_30b_a3b_args_t *a, cuda
 #line 463 "templates/host.lua"
         }
 #line 484 "templates/host.lua"
-    } else if (v == 1) { /* calls of 2 .. 7 tokens */
-#line 433 "templates/host.lua"
-        if (dev->use90) {
-#line 426 "templates/host.lua"
-        qwen3_30b_a3b_launch(pdl, qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_gemv3_m64n32u2, dim3(48, (unsigned)tiles_y), 256, 8192, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 417 "templates/host.lua"
-        combined = cfuse;
-#line 426 "templates/host.lua"
-        qwen3_30b_a3b_launch(pdl, qwen3_30b_a3b_gemm_down_bf16_sm90a_gemv3_m64n32u2, dim3(64, (unsigned)tiles_y), 256, 3072, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs, row_of, topk_w, T, cfuse ? (moe_half_t *)a->y : (moe_half_t *)0, counts + 194);
-#line 456 "templates/host.lua"
-        } else {
-#line 426 "templates/host.lua"
-        qwen3_30b_a3b_launch(pdl, qwen3_30b_a3b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(12, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 426 "templates/host.lua"
-        qwen3_30b_a3b_launch(pdl, qwen3_30b_a3b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(16, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 463 "templates/host.lua"
-        }
-#line 484 "templates/host.lua"
-    } else if (v == 2) { /* calls of 8 .. 47 tokens */
+    } else if (v == 1) { /* calls of 8 .. 47 tokens */
 #line 433 "templates/host.lua"
         if (dev->use90) {
 #line 426 "templates/host.lua"
@@ -5457,7 +5434,7 @@ extern "C" cudaError_t qwen3_30b_a3b_forward(const qwen3_30b_a3b_args_t *a, cuda
 #line 463 "templates/host.lua"
         }
 #line 484 "templates/host.lua"
-    } else if (v == 3) { /* calls of 48 .. 4095 tokens */
+    } else if (v == 2) { /* calls of 48 .. 4095 tokens */
 #line 433 "templates/host.lua"
         if (dev->use90) {
 #line 438 "templates/host.lua"
@@ -5483,7 +5460,7 @@ extern "C" cudaError_t qwen3_30b_a3b_forward(const qwen3_30b_a3b_args_t *a, cuda
 #line 463 "templates/host.lua"
         }
 #line 484 "templates/host.lua"
-    } else if (v == 4) { /* calls of 4096 or more tokens */
+    } else if (v == 3) { /* calls of 4096 or more tokens */
 #line 433 "templates/host.lua"
         if (dev->use90) {
 #line 438 "templates/host.lua"
