@@ -29,7 +29,11 @@ def put(pat, stamp, after=True, count=1):
 
 put("unsigned char *smem = moe_route_smem;", 0)
 put("    /* ---- split H", 1, after=False)
-put("== (int)gridDim.y - 1;\n        __syncthreads();", 2)
+if "moe_cluster_sync();   // every block's partial logits" in k:   # 4c02183 on: the split as a cluster, or the ticket
+    put("moe_cluster_sync();   // every block's partial logits are in its lsm, visible to the cluster", 2)
+    put("== (int)gridDim.y - 1;\n            __syncthreads();", 2)
+else:
+    put("== (int)gridDim.y - 1;\n        __syncthreads();", 2)
 put("    /* ---- phase 2", 3, after=False)
 put("    __syncthreads();\n    for (int e = tid; e < E; e += THREADS)\n        if (s_count[e])", 4, after=False)
 put("    /* ---- fused", 5, after=False)
