@@ -24,7 +24,7 @@ echo "stamps: exit $? ($SECONDS s)" >> "$OUT/w/rc.txt"
 for rep in 1 2; do
     for s in qwen3-30b-a3b olmoe-1b-7b; do
         for r in r132 r134; do
-            [ $SECONDS -le 170 ] || break 3
+            [ $SECONDS -le 150 ] || break 3
             use $r
             echo "== $s $r rep=$rep" >> "$OUT/w/ab.log"
             timeout 20 build/$r/moe_bench examples/specs/$s.moe --graph --tokens 1 --tokens 8 --tokens 64 --iters 20 \
