@@ -45,18 +45,6 @@ static inline unsigned moe_route_split(long long tokens, int per_block, long lon
     return (unsigned)split;
 }
 
-/* The route's split blocks of a token block as one thread-block cluster
- * (sm_90 launches; templates/route.lua, "split H"): with at most 8 of them
- * (the portable cluster size) a launch puts the split's blocks in a
- * cluster of (1, split, 1), and their partial logits stay in shared memory
- * for the cluster's rank 0 to sum through distributed shared memory after
- * a cluster barrier, instead of an L2 round trip and a ticket; 1 (no
- * cluster: the ticket path) otherwise. */
-#define MOE_ROUTE_CLUSTER_MAX 8
-static inline unsigned moe_route_cluster(unsigned split) {
-    return split > 1 && split <= MOE_ROUTE_CLUSTER_MAX ? split : 1;
-}
-
 /* Bytes of the route scratch (the split partial logits): enough for any
  * call, since only calls of few tokens split; 0 when H never splits. The
  * tickets are MOE_ROUTE_SPLIT_BLOCKS ints after the E counts (then the

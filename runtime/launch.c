@@ -169,15 +169,10 @@ static moe_status launch(const moe_launcher_t *l, int k, int tokens, long long n
         }
     }
     CUresult r;
-    /* the route's split blocks of a token block as one cluster on sm_90 (gen/launch_geom.h, moe_route_cluster) */
-    const unsigned cluster = k == MOE_K_ROUTE && l->arch == MOE_ARCH_SM90A ? moe_route_cluster(g[1]) : 1;
-    if (l->pdl || coop || cluster > 1) { /* with pdl every kernel's first statement waits for the grids before
-                                          * it (the prelude's moe_pdl_begin) */
-        CUlaunchAttribute at[3];
+    if (l->pdl || coop) { /* with pdl every kernel's first statement waits for the grids before it (the
+                           * prelude's moe_pdl_begin) */
+        CUlaunchAttribute at[2];
         unsigned na = 0;
-        if (cluster > 1)
-            at[na++] = (CUlaunchAttribute){.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
-                                           .value.clusterDim = {.x = 1, .y = cluster, .z = 1}};
         if (l->pdl)
             at[na++] = (CUlaunchAttribute){.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
                                            .value.programmaticStreamSerializationAllowed = 1};

@@ -212,25 +212,17 @@ static cudaError_t ${n}_device_init(${n}_device_t *d, int dev) {
  * kernel's first statement waits for the grids before it: docs/DESIGN.md,
  * "Launch overlap"), with coop a cooperative launch (every CTA resident at
  * once, or the launch fails: the chain's up GEMM, templates/gemm_gemv.lua,
- * whose CTAs wait for each other's items), with cluster_y > 1 in clusters of
- * (1, cluster_y, 1) CTAs (the route's split blocks on sm_90:
- * moe_route_cluster), else <<<>>>. A failed launch is the thread's last
- * error, which the forward returns. */
+ * whose CTAs wait for each other's items), else <<<>>>. A failed launch is
+ * the thread's last error, which the forward returns. */
 template <typename... P, typename... A>
-static void ${n}_launch_as(bool pdl, bool coop, unsigned cluster_y, void (*k)(P...), dim3 g, unsigned threads,
+static void ${n}_launch_as(bool pdl, bool coop, void (*k)(P...), dim3 g, unsigned threads,
                            size_t smem, cudaStream_t s, A... args) {
-    if (!pdl && !coop && cluster_y <= 1) {
+    if (!pdl && !coop) {
         k<<<g, threads, smem, s>>>(args...);
         return;
     }
-    cudaLaunchAttribute at[3];
+    cudaLaunchAttribute at[2];
     unsigned na = 0;
-    if (cluster_y > 1) {
-        at[na].id = cudaLaunchAttributeClusterDimension;
-        at[na].val.clusterDim.x = 1;
-        at[na].val.clusterDim.y = cluster_y;
-        at[na++].val.clusterDim.z = 1;
-    }
     if (pdl) {
         at[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
         at[na++].val.programmaticStreamSerializationAllowed = 1;
@@ -251,7 +243,7 @@ static void ${n}_launch_as(bool pdl, bool coop, unsigned cluster_y, void (*k)(P.
 template <typename... P, typename... A>
 static void ${n}_launch(bool pdl, void (*k)(P...), dim3 g, unsigned threads, size_t smem,
                         cudaStream_t s, A... args) {
-    ${n}_launch_as(pdl, false, 1, k, g, threads, smem, s, args...);
+    ${n}_launch_as(pdl, false, k, g, threads, smem, s, args...);
 }
 
 /* The current device's entry, filled on first use; NULL with *err set. */
@@ -353,9 +345,7 @@ extern "C" cudaError_t ${n}_forward(const ${n}_args_t *a, cudaStream_t stream) {
     moe_route_fuse_t fz = {0, ${nv == 1 and p.align or (n .. "_variant_align[v]")}, dev->slot_of, offsets, cursor, tiles, num_tiles, xs, row_of};
     if (dev->route_fuse)
         fz.mode = moe_route_fuse_mode(T, ${p.entries}, ${p.H}, ${route.threads // 32}, ${fp8 and 0 or 1});
-    const unsigned rsplit = moe_route_split(T, ${route.per_block}, ${p.score == "given" and 0 or p.router_hidden});
-    /* the split's blocks as one cluster on sm_90 (moe_route_cluster; the route's sm_90a code) */
-    ${n}_launch_as(pdl, false, dev->use90 ? moe_route_cluster(rsplit) : 1u, ${route.name}, dim3(moe_blocks(T, ${route.per_block}), rsplit), ${route.threads}, ${route.smem}, stream,
+    ${n}_launch(pdl, ${route.name}, dim3(moe_blocks(T, ${route.per_block}), moe_route_split(T, ${route.per_block}, ${p.score == "given" and 0 or p.router_hidden})), ${route.threads}, ${route.smem}, stream,
         (const moe_half_t *)a->x, (const ${p.spec.router.weight_dtype == "fp32" and "float" or "moe_half_t"} *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,
         counts, route_part, fz${p.shared_gate and ", (const moe_half_t *)a->shared_gate" or ""}${p.spec.training and ", (float *)0" or ""}${p.given and ", a->topk_ids" or ""}${p.score == "given" and ", a->topk_weights" or ""}${p.spec.router.input == "separate" and ", (const moe_half_t *)a->router_x" or ""}${p.spec.router.expert_scale and ", a->router_expert_scale" or ""});
 @ if nv == 1 then
@@ -428,7 +418,7 @@ ${ind}    combined = cfuse;
 @   end
 @   local grid = kd.stream and ("dim3(moe_gemv_stream_ctas(dev->sms, " .. kd.smem .. "))") or ("dim3(" .. kd.ntiles .. ", (unsigned)tiles_y)")
 @   if kd.chain then -- the chain's up GEMM: its grid runs the down GEMM and the combine too
-${ind}    ${n}_launch_as(pdl, true, 1, ${kd.name}, ${grid}, ${kd.threads}, ${kd.smem}, stream, ${a}, (const moe_half_t *)${w}, (const moe_half_t *)${bias}, tiles, num_tiles, ${out}, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, xs, row_of, topk_w, T, (moe_half_t *)a->y, counts + ${p.combine_tickets_at}, counts + ${p.combine_tickets_at} + moe_chain_done_at(${p.H}));
+${ind}    ${n}_launch_as(pdl, true, ${kd.name}, ${grid}, ${kd.threads}, ${kd.smem}, stream, ${a}, (const moe_half_t *)${w}, (const moe_half_t *)${bias}, tiles, num_tiles, ${out}, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, xs, row_of, topk_w, T, (moe_half_t *)a->y, counts + ${p.combine_tickets_at}, counts + ${p.combine_tickets_at} + moe_chain_done_at(${p.H}));
 ${ind}    combined = chained = 1;
 @   elseif scales then
 ${ind}    ${n}_launch(pdl, ${kd.name}, ${grid}, ${kd.threads}, ${kd.smem}, stream, (const unsigned char *)${a}, (const unsigned char *)${w}, ${scales[1]}, ${scales[2]}, (const moe_half_t *)${bias}, tiles, num_tiles, ${out}${scales[3] and (", " .. scales[3]) or ""}${ub});

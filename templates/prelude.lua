@@ -84,50 +84,6 @@ static __device__ __forceinline__ unsigned moe_smem_addr(const void *p) {
     return (unsigned)__cvta_generic_to_shared(p);
 }
 
-/* Thread block clusters (sm_90: the fp8 gemv up GEMM's, templates/gemm_gemv.lua,
- * and the route's split blocks, templates/route.lua): a barrier of every
- * thread of the cluster (release, then acquire: the shared-memory writes
- * before it are visible to the cluster after it), this CTA's rank in its
- * cluster, the cluster's CTAs (1 without a cluster launch), and the float
- * (float4) at p (this CTA's shared memory) in CTA `rank`'s shared memory.
- * Below sm_90 there are no clusters: one CTA, its own memory. */
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-static __device__ __forceinline__ void moe_cluster_sync() {}
-static __device__ __forceinline__ unsigned moe_cluster_rank() { return 0; }
-static __device__ __forceinline__ unsigned moe_cluster_ctas() { return 1; }
-static __device__ __forceinline__ float moe_cluster_ld(const float *p, unsigned) { return *p; }
-static __device__ __forceinline__ float4 moe_cluster_ld4(const float *p, unsigned) { return *reinterpret_cast<const float4 *>(p); }
-#else
-static __device__ __forceinline__ void moe_cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-static __device__ __forceinline__ unsigned moe_cluster_rank() {
-    unsigned r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-    return r;
-}
-static __device__ __forceinline__ unsigned moe_cluster_ctas() {
-    unsigned n;
-    asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(n));
-    return n;
-}
-static __device__ __forceinline__ float moe_cluster_ld(const float *p, unsigned rank) {
-    unsigned remote;
-    float v;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(moe_smem_addr(p)), "r"(rank));
-    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
-    return v;
-}
-static __device__ __forceinline__ float4 moe_cluster_ld4(const float *p, unsigned rank) {
-    unsigned remote;
-    float4 v;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(moe_smem_addr(p)), "r"(rank));
-    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-                 : "r"(remote) : "memory");
-    return v;
-}
-#endif
-
 @ if p.spec.quant ~= nil and p.spec.quant.weights == "fp8_e4m3" then
 /* fp8 (docs/DESIGN.md, "FP8"; sm_90a only, as fp8 specs are). The 4 e4m3
  * of v as two f16 pairs, exactly (lo: bytes 0, 1; hi: bytes 2, 3; the
@@ -152,6 +108,26 @@ static __device__ __forceinline__ unsigned short moe_e4m3x2(float lo, float hi) 
     unsigned short r;
     asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
     return r;
+}
+/* Thread block clusters (the fp8 gemv up GEMM's, templates/gemm_gemv.lua):
+ * a barrier of every thread of the cluster (release, then acquire: the
+ * shared-memory writes before it are visible to the cluster after it),
+ * this CTA's rank in its cluster, and the float at p (this CTA's shared
+ * memory) in CTA `rank`'s shared memory. */
+static __device__ __forceinline__ void moe_cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+static __device__ __forceinline__ unsigned moe_cluster_rank() {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+static __device__ __forceinline__ float moe_cluster_ld(const float *p, unsigned rank) {
+    unsigned remote;
+    float v;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(moe_smem_addr(p)), "r"(rank));
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
+    return v;
 }
 @ end
 

@@ -697,33 +697,19 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const ${c.fp32w and "float" or "mo
     if (gridDim.y > 1) {
         __shared__ int s_last;
         const int nv = min(T, tokens - tok0) * ${LC};   // the block's tokens' logits only
-        /* the split's blocks as one cluster (an sm_90 launch, gen/launch_geom.h moe_route_cluster): every block's
-         * partials stay in its shared memory, where rank 0 (block y 0) reads them after a cluster barrier; the
-         * others wait at a second barrier until it has, then leave. Else each block writes its partials to
-         * route_part and takes a ticket, and the last sums them from L2. Either way the same adds in the same
-         * order (partial y is block y's logits): the same bits. */
-        const bool cl = moe_cluster_ctas() > 1;
-        if (cl) {
-            moe_cluster_sync();   // every block's partial logits are in its lsm, visible to the cluster
-            if (moe_cluster_rank() != 0) {
-                moe_cluster_sync();   // rank 0 has read them
-                return;
-            }
-        } else {
-            float *part = route_part + ((long long)blockIdx.y * gridDim.x + blockIdx.x) * (T * ${LC});
+        float *part = route_part + ((long long)blockIdx.y * gridDim.x + blockIdx.x) * (T * ${LC});
 @ if V4 then
-            for (int i = 4 * tid; i < nv; i += 4 * THREADS)   // LDL and ${LC} multiples of 4: a float4 of one token's row
-                *reinterpret_cast<float4 *>(part + i) = *reinterpret_cast<const float4 *>(lsm + (i / ${LC}) * LDL + i % ${LC});
+        for (int i = 4 * tid; i < nv; i += 4 * THREADS)   // LDL and ${LC} multiples of 4: a float4 of one token's row
+            *reinterpret_cast<float4 *>(part + i) = *reinterpret_cast<const float4 *>(lsm + (i / ${LC}) * LDL + i % ${LC});
 @ else
-            for (int i = tid; i < nv; i += THREADS) part[i] = lsm[(i / ${LC}) * LDL + i % ${LC}];
+        for (int i = tid; i < nv; i += THREADS) part[i] = lsm[(i / ${LC}) * LDL + i % ${LC}];
 @ end
-            __syncthreads();   // the block's partials are written: thread 0's ticket releases them
-            if (tid == 0)
-                s_last = take_ticket(counts + ${TKT} + blockIdx.x) == (int)gridDim.y - 1;
-            __syncthreads();   // the last block's reads come after the ticket's acquire
-            if (!s_last)
-                return;
-        }
+        __syncthreads();   // the block's partials are written: thread 0's ticket releases them
+        if (tid == 0)
+            s_last = take_ticket(counts + ${TKT} + blockIdx.x) == (int)gridDim.y - 1;
+        __syncthreads();   // the last block's reads come after the ticket's acquire
+        if (!s_last)
+            return;
         /* G lanes per logit (a power of two, G | 32, while the logits leave
          * threads idle): lane p of a group sums splits p, p + G, ..., then
          * the group adds its lanes in a fixed xor tree: the same sum whichever
@@ -736,23 +722,12 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const ${c.fp32w and "float" or "mo
         while (G < 32 && G < Y && 2 * G * nv <= THREADS) G *= 2;
         const long long ystride = (long long)gridDim.x * (T * ${LC});
         const float *part0 = route_part + (long long)blockIdx.x * (T * ${LC});
-        /* logit j's partial from split y: block y's lsm (cluster) or route_part; float4 j: logits 4j .. 4j + 3 */
-        auto part_ld = [&](int j, int y) -> float {
-            return cl ? moe_cluster_ld(lsm + (j / ${LC}) * LDL + j % ${LC}, (unsigned)y) : __ldcg(part0 + j + y * ystride);
-        };
-@ if V4 then
-        auto part_ld4 = [&](int j, int y) -> float4 {
-            const int i = 4 * j;
-            return cl ? moe_cluster_ld4(lsm + (i / ${LC}) * LDL + i % ${LC}, (unsigned)y)
-                      : __ldcg(reinterpret_cast<const float4 *>(part0 + y * ystride) + j);
-        };
-@ end
         if (nv * G <= THREADS) {   // few tokens: a logit a group, as the first pass below: the same sums, less code
             const int j = tid / G;
             float v = 0.f;
             if (j < nv && Y <= G) {   // at most one split a lane (few logits: Mixtral's 8 over 16 splits)
                 if (tid % G < Y)
-                    v += part_ld(j, tid % G);
+                    v += __ldcg(part0 + j + (tid % G) * ystride);
             } else if (j < nv) {
                 /* eight splits' loads issued before their adds (one L2 round trip, not one a split), the adds
                  * in split order */
@@ -761,7 +736,7 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const ${c.fp32w and "float" or "mo
                     float q[8];
 #pragma unroll
                     for (int b = 0; b < 8; ++b)
-                        q[b] = y0 + b * G < Y ? part_ld(j, y0 + b * G) : 0.f;
+                        q[b] = y0 + b * G < Y ? __ldcg(part0 + j + (y0 + b * G) * ystride) : 0.f;
 #pragma unroll
                     for (int b = 0; b < 8; ++b)
                         if (y0 + b * G < Y)
@@ -785,11 +760,12 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const ${c.fp32w and "float" or "mo
                 for (int b = 0; b < NB; ++b) v[b] = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll 4
                 for (int y = 0; y < Y; ++y) {
+                    const float4 *py = reinterpret_cast<const float4 *>(part0 + y * ystride);
 #pragma unroll
                     for (int b = 0; b < NB; ++b) {
                         const int j = base + b * THREADS + tid;
                         if (j < n4) {
-                            const float4 q = part_ld4(j, y);
+                            const float4 q = __ldcg(py + j);
                             v[b].x += q.x, v[b].y += q.y, v[b].z += q.z, v[b].w += q.w;
                         }
                     }
@@ -818,7 +794,7 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const ${c.fp32w and "float" or "mo
                 for (int y = tid % G; y < Y; y += G)
 #pragma unroll
                     for (int b = 0; b < NB; ++b)
-                        if (iv[b] < nv) v[b] += part_ld(iv[b], y);
+                        if (iv[b] < nv) v[b] += __ldcg(part0 + iv[b] + y * ystride);
 #pragma unroll
                 for (int b = 0; b < NB; ++b) {
                     for (int o = G / 2; o > 0; o >>= 1) v[b] += __shfl_xor_sync(FULL, v[b], o);
@@ -829,8 +805,6 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const ${c.fp32w and "float" or "mo
             __syncthreads();
 @ end
         }
-        if (cl)
-            moe_cluster_sync();   // the cluster's other blocks may leave: their partials are read
     }
 @   if c.fp32w then
     /* fp32 router weights: a logit is its three parts' columns added, hi + mid, then lo (each thread one

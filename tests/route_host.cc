@@ -12,15 +12,13 @@
  *   RH_K  top_k;  RH_GIVEN  1: router.select = "given" (it takes given_ids);  RH_GIVEN_W  1: and given_w
  *   RH_OWN  1: router.input = "separate" (it takes router_x);  RH_ESCALE  1: router.expert_scale (expert_scale)
  *   RH_W32  1: router.weight_dtype = "fp32" (wr is fp32 in IN);  RH_MC  the route's mma columns (its scratch)
- * usage: [RH_TICKET=1] route_host IN OUT [fused] — IN (written by test_route_host): T, then x
+ * usage: route_host IN OUT [fused] — IN (written by test_route_host): T, then x
  * [T, H] and wr [NS, HR] (dtype bits; RH_W32: fp32), the shared expert's w_gate [H]
  * (RH_GATE), sel_bias and logit_bias [NS] (fp32), the caller's ids [T, K] (int32, RH_GIVEN) and weights
  * [T, K] (fp32, RH_GIVEN_W), router_x [T, HR] (dtype bits, RH_OWN), expert_scale [NS] (fp32, RH_ESCALE); the kernel runs unfused (mode 0), or with "fused" in the mode
  * the runtime picks for T (the permute plan, and the scatter for the
  * fewest tokens, in its last block: checked here, check_fused), on a grid
- * of ceil(T / per_block) x moe_route_split blocks (its split's blocks one
- * cluster, as an sm_90 launch makes them: moe_route_cluster; RH_TICKET=1: no
- * cluster, the ticket path), topk_idx, topk_w and the logits
+ * of ceil(T / per_block) x moe_route_split blocks, topk_idx, topk_w and the logits
  * poisoned first, the counts and tickets zeroed as the runtime zeroes
  * them; OUT gets topk_idx [T, KE], topk_w [T, KE], counts
  * [SLOTS], (RH_TRAIN) the logits [T, NS] and (RH_GIVEN) the dropped ids' count. test_route_host compares
@@ -138,10 +136,6 @@ int main(int argc, char **argv) {
         fuse.num_tiles = num_tiles.data(), fuse.xs = xs.data(), fuse.row_of = row_of.data();
     }
     const unsigned gx = (unsigned)((T + RH_PER_BLOCK - 1) / RH_PER_BLOCK), gy = moe_route_split(T, RH_PER_BLOCK, RH_GIVEN_W ? 0 : HR);
-    /* the split's blocks as one cluster, as an sm_90 launch puts them (moe_route_cluster), unless RH_TICKET=1
-     * asks for the ticket path (an sm_80 launch, or more than 8 splits) */
-    const char *tk = getenv("RH_TICKET");
-    const unsigned cluster = tk && !strcmp(tk, "1") ? 1u : moe_route_cluster(gy);
     host_launch(gx, gy, RH_SMEM, [&] {
         RH_ROUTE(x.data(),
 #if RH_W32
@@ -170,7 +164,7 @@ int main(int argc, char **argv) {
                  , es.data()
 #endif
         );
-    }, cluster, 256, true);
+    });
     const std::vector<int> dropped(1, counts[(size_t)SLOTS + MOE_ROUTE_BAD_IDS]);
     counts.resize((size_t)SLOTS);
     const long fused_bad = mode ? check_fused(mode, T, x, idx, w, counts, slot_of, align, offsets, cursor, tiles,

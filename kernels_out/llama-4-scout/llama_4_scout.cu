@@ -84,51 +84,7 @@ static __device__ __forceinline__ unsigned moe_smem_addr(const void *p) {
     return (unsigned)__cvta_generic_to_shared(p);
 }
 
-/* Thread block clusters (sm_90: the fp8 gemv up GEMM's, templates/gemm_gemv.lua,
- * and the route's split blocks, templates/route.lua): a barrier of every
- * thread of the cluster (release, then acquire: the shared-memory writes
- * before it are visible to the cluster after it), this CTA's rank in its
- * cluster, the cluster's CTAs (1 without a cluster launch), and the float
- * (float4) at p (this CTA's shared memory) in CTA `rank`'s shared memory.
- * Below sm_90 there are no clusters: one CTA, its own memory. */
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-static __device__ __forceinline__ void moe_cluster_sync() {}
-static __device__ __forceinline__ unsigned moe_cluster_rank() { return 0; }
-static __device__ __forceinline__ unsigned moe_cluster_ctas() { return 1; }
-static __device__ __forceinline__ float moe_cluster_ld(const float *p, unsigned) { return *p; }
-static __device__ __forceinline__ float4 moe_cluster_ld4(const float *p, unsigned) { return *reinterpret_cast<const float4 *>(p); }
-#else
-static __device__ __forceinline__ void moe_cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-static __device__ __forceinline__ unsigned moe_cluster_rank() {
-    unsigned r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-    return r;
-}
-static __device__ __forceinline__ unsigned moe_cluster_ctas() {
-    unsigned n;
-    asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(n));
-    return n;
-}
-static __device__ __forceinline__ float moe_cluster_ld(const float *p, unsigned rank) {
-    unsigned remote;
-    float v;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(moe_smem_addr(p)), "r"(rank));
-    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
-    return v;
-}
-static __device__ __forceinline__ float4 moe_cluster_ld4(const float *p, unsigned rank) {
-    unsigned remote;
-    float4 v;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(moe_smem_addr(p)), "r"(rank));
-    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-                 : "r"(remote) : "memory");
-    return v;
-}
-#endif
-
-#line 157 "templates/prelude.lua"
+#line 133 "templates/prelude.lua"
 
 /* 16-byte async copy global -> shared; bytes < 16 zero-fills the rest
  * (bytes = 0 writes zeros and reads nothing). */
@@ -207,11 +163,11 @@ static __device__ __forceinline__ void moe_ldmatrix_x2(unsigned &r0, unsigned &r
     asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
                  : "=r"(r0), "=r"(r1) : "r"(moe_smem_addr(smem)));
 }
-#line 246 "templates/prelude.lua"
+#line 222 "templates/prelude.lua"
 
 /* D = A(16x16, row) * B(16x8, col) + D, fp32 accumulate. */
 static __device__ __forceinline__ void moe_mma_16816(float *d, const unsigned *a, const unsigned *b) {
-#line 250 "templates/prelude.lua"
+#line 226 "templates/prelude.lua"
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
                  "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
@@ -711,31 +667,17 @@ llama_4_scout_route_bf16_e16k1s1_t32k128s6(const moe_half_t *__restrict__ x, con
     if (gridDim.y > 1) {
         __shared__ int s_last;
         const int nv = min(T, tokens - tok0) * E;   // the block's tokens' logits only
-        /* the split's blocks as one cluster (an sm_90 launch, gen/launch_geom.h moe_route_cluster): every block's
-         * partials stay in its shared memory, where rank 0 (block y 0) reads them after a cluster barrier; the
-         * others wait at a second barrier until it has, then leave. Else each block writes its partials to
-         * route_part and takes a ticket, and the last sums them from L2. Either way the same adds in the same
-         * order (partial y is block y's logits): the same bits. */
-        const bool cl = moe_cluster_ctas() > 1;
-        if (cl) {
-            moe_cluster_sync();   // every block's partial logits are in its lsm, visible to the cluster
-            if (moe_cluster_rank() != 0) {
-                moe_cluster_sync();   // rank 0 has read them
-                return;
-            }
-        } else {
-            float *part = route_part + ((long long)blockIdx.y * gridDim.x + blockIdx.x) * (T * E);
-#line 715 "templates/route.lua"
-            for (int i = 4 * tid; i < nv; i += 4 * THREADS)   // LDL and E multiples of 4: a float4 of one token's row
-                *reinterpret_cast<float4 *>(part + i) = *reinterpret_cast<const float4 *>(lsm + (i / E) * LDL + i % E);
-#line 720 "templates/route.lua"
-            __syncthreads();   // the block's partials are written: thread 0's ticket releases them
-            if (tid == 0)
-                s_last = take_ticket(counts + ES + blockIdx.x) == (int)gridDim.y - 1;
-            __syncthreads();   // the last block's reads come after the ticket's acquire
-            if (!s_last)
-                return;
-        }
+        float *part = route_part + ((long long)blockIdx.y * gridDim.x + blockIdx.x) * (T * E);
+#line 702 "templates/route.lua"
+        for (int i = 4 * tid; i < nv; i += 4 * THREADS)   // LDL and E multiples of 4: a float4 of one token's row
+            *reinterpret_cast<float4 *>(part + i) = *reinterpret_cast<const float4 *>(lsm + (i / E) * LDL + i % E);
+#line 707 "templates/route.lua"
+        __syncthreads();   // the block's partials are written: thread 0's ticket releases them
+        if (tid == 0)
+            s_last = take_ticket(counts + ES + blockIdx.x) == (int)gridDim.y - 1;
+        __syncthreads();   // the last block's reads come after the ticket's acquire
+        if (!s_last)
+            return;
         /* G lanes per logit (a power of two, G | 32, while the logits leave
          * threads idle): lane p of a group sums splits p, p + G, ..., then
          * the group adds its lanes in a fixed xor tree: the same sum whichever
@@ -748,23 +690,12 @@ llama_4_scout_route_bf16_e16k1s1_t32k128s6(const moe_half_t *__restrict__ x, con
         while (G < 32 && G < Y && 2 * G * nv <= THREADS) G *= 2;
         const long long ystride = (long long)gridDim.x * (T * E);
         const float *part0 = route_part + (long long)blockIdx.x * (T * E);
-        /* logit j's partial from split y: block y's lsm (cluster) or route_part; float4 j: logits 4j .. 4j + 3 */
-        auto part_ld = [&](int j, int y) -> float {
-            return cl ? moe_cluster_ld(lsm + (j / E) * LDL + j % E, (unsigned)y) : __ldcg(part0 + j + y * ystride);
-        };
-#line 744 "templates/route.lua"
-        auto part_ld4 = [&](int j, int y) -> float4 {
-            const int i = 4 * j;
-            return cl ? moe_cluster_ld4(lsm + (i / E) * LDL + i % E, (unsigned)y)
-                      : __ldcg(reinterpret_cast<const float4 *>(part0 + y * ystride) + j);
-        };
-#line 750 "templates/route.lua"
         if (nv * G <= THREADS) {   // few tokens: a logit a group, as the first pass below: the same sums, less code
             const int j = tid / G;
             float v = 0.f;
             if (j < nv && Y <= G) {   // at most one split a lane (few logits: Mixtral's 8 over 16 splits)
                 if (tid % G < Y)
-                    v += part_ld(j, tid % G);
+                    v += __ldcg(part0 + j + (tid % G) * ystride);
             } else if (j < nv) {
                 /* eight splits' loads issued before their adds (one L2 round trip, not one a split), the adds
                  * in split order */
@@ -773,7 +704,7 @@ llama_4_scout_route_bf16_e16k1s1_t32k128s6(const moe_half_t *__restrict__ x, con
                     float q[8];
 #pragma unroll
                     for (int b = 0; b < 8; ++b)
-                        q[b] = y0 + b * G < Y ? part_ld(j, y0 + b * G) : 0.f;
+                        q[b] = y0 + b * G < Y ? __ldcg(part0 + j + (y0 + b * G) * ystride) : 0.f;
 #pragma unroll
                     for (int b = 0; b < 8; ++b)
                         if (y0 + b * G < Y)
@@ -785,7 +716,7 @@ llama_4_scout_route_bf16_e16k1s1_t32k128s6(const moe_half_t *__restrict__ x, con
                 lsm[(j / E) * LDL + j % E] = v;
             __syncthreads();
         } else {   // G is 1 here (G > 1 only while G * nv <= THREADS)
-#line 777 "templates/route.lua"
+#line 752 "templates/route.lua"
             /* four logits a float4: a thread's NB float4s of every split, four splits' loads issued together
              * (the sum over y in split order from 0, as above: the same bits) */
             constexpr int NB = 4;
@@ -797,11 +728,12 @@ llama_4_scout_route_bf16_e16k1s1_t32k128s6(const moe_half_t *__restrict__ x, con
                 for (int b = 0; b < NB; ++b) v[b] = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll 4
                 for (int y = 0; y < Y; ++y) {
+                    const float4 *py = reinterpret_cast<const float4 *>(part0 + y * ystride);
 #pragma unroll
                     for (int b = 0; b < NB; ++b) {
                         const int j = base + b * THREADS + tid;
                         if (j < n4) {
-                            const float4 q = part_ld4(j, y);
+                            const float4 q = __ldcg(py + j);
                             v[b].x += q.x, v[b].y += q.y, v[b].z += q.z, v[b].w += q.w;
                         }
                     }
@@ -814,21 +746,19 @@ llama_4_scout_route_bf16_e16k1s1_t32k128s6(const moe_half_t *__restrict__ x, con
                 }
             }
             __syncthreads();
-#line 831 "templates/route.lua"
+#line 807 "templates/route.lua"
         }
-        if (cl)
-            moe_cluster_sync();   // the cluster's other blocks may leave: their partials are read
     }
-#line 846 "templates/route.lua"
+#line 820 "templates/route.lua"
 
-#line 865 "templates/route.lua"
+#line 839 "templates/route.lua"
     /* ---- phase 2: a warp per token: scores, top-k, weights, counts ---- */
 #pragma unroll 1
     for (int tt = warp; tt < T; tt += NW) {
         const int tok = tok0 + tt;
         if (tok >= tokens)
             break;
-#line 872 "templates/route.lua"
+#line 846 "templates/route.lua"
         const float *lrow = lsm + tt * LDL;
         float pv[VPL];
         unsigned valid = 0;
@@ -836,27 +766,27 @@ llama_4_scout_route_bf16_e16k1s1_t32k128s6(const moe_half_t *__restrict__ x, con
         for (int i = 0; i < VPL; ++i) {
             const int e = lane + 32 * i;
             if (e < E) {
-#line 882 "templates/route.lua"
+#line 856 "templates/route.lua"
                 pv[i] = lrow[e];
-#line 884 "templates/route.lua"
+#line 858 "templates/route.lua"
                 valid |= 1u << i;
             } else {
                 pv[i] = 0.f;
             }
         }
-#line 914 "templates/route.lua"
+#line 888 "templates/route.lua"
 #pragma unroll
         for (int i = 0; i < VPL; ++i) pv[i] = ((valid >> i) & 1u) ? 1.0f / (1.0f + expf(-pv[i])) : 0.f;
-#line 942 "templates/route.lua"
+#line 916 "templates/route.lua"
         unsigned ord[VPL];   // selection scores s = p (+ sel_bias), as keys
 #pragma unroll
         for (int i = 0; i < VPL; ++i) {
-#line 949 "templates/route.lua"
+#line 923 "templates/route.lua"
             ord[i] = ord_of(pv[i]);
-#line 951 "templates/route.lua"
+#line 925 "templates/route.lua"
         }
         unsigned cand = valid;
-#line 1073 "templates/route.lua"
+#line 1047 "templates/route.lua"
 
         /* top-k, best first; lane r keeps the r-th expert */
         int mine = 0;
@@ -868,21 +798,21 @@ llama_4_scout_route_bf16_e16k1s1_t32k128s6(const moe_half_t *__restrict__ x, con
             if (lane == (e & 31))
                 cand &= ~(1u << (e >> 5));
         }
-#line 1085 "templates/route.lua"
+#line 1059 "templates/route.lua"
 
         /* weights: p at the selected experts (never the selection bias) */
         float w = 0.f;
-#line 1091 "templates/route.lua"
+#line 1065 "templates/route.lua"
         if (lane < K) {
-#line 1098 "templates/route.lua"
+#line 1072 "templates/route.lua"
             const float l = lrow[mine];
-#line 1103 "templates/route.lua"
+#line 1077 "templates/route.lua"
             w = 1.0f / (1.0f + expf(-l));
-#line 1127 "templates/route.lua"
+#line 1101 "templates/route.lua"
         }
-#line 1143 "templates/route.lua"
+#line 1117 "templates/route.lua"
         /* entries K .. KE-1: the shared expert's slots E .. E+M-1, weight g(x) */
-#line 1147 "templates/route.lua"
+#line 1121 "templates/route.lua"
         if (lane < K) {
             topk_idx[(long long)tok * KE + lane] = mine;
             topk_w[(long long)tok * KE + lane] = w;
@@ -891,24 +821,24 @@ llama_4_scout_route_bf16_e16k1s1_t32k128s6(const moe_half_t *__restrict__ x, con
             topk_idx[(long long)tok * KE + lane] = E + lane - K;
             topk_w[(long long)tok * KE + lane] = 1.0f;
         }
-#line 1170 "templates/route.lua"
+#line 1144 "templates/route.lua"
         if (tt < NW && lane < ENTRIES)   // the entries of the fused scatter's tokens (mode 2: at most NW), kept here
             s_ent[tt * ENTRIES + lane] = lane < K ? mine : E + lane - K;
-#line 1174 "templates/route.lua"
+#line 1148 "templates/route.lua"
         if (tt == 0 && lane < ENTRIES)
             s_sel[lane] = lane < K ? (mine < E ? mine : 0x7fffffff) : E + lane - K;
-#line 1177 "templates/route.lua"
+#line 1151 "templates/route.lua"
     }
     __syncthreads();
     for (int e = tid; e < E; e += THREADS)
         if (s_count[e])
             atomicAdd(counts + e, s_count[e]);
-#line 1183 "templates/route.lua"
+#line 1157 "templates/route.lua"
     if (tid < M) {   // every token of the block visits each shared slot
         s_count[E + tid] = min(T, tokens - tok0);
         atomicAdd(counts + E + tid, min(T, tokens - tok0));
     }
-#line 1188 "templates/route.lua"
+#line 1162 "templates/route.lua"
 
     /* ---- fused: the last block to finish plans the permutation (and scatters) ---- */
     if (fuse.mode == 0)
@@ -928,7 +858,7 @@ llama_4_scout_route_bf16_e16k1s1_t32k128s6(const moe_half_t *__restrict__ x, con
             return;
         /* the dynamic smem is free: phase 2 is done with the logits */
         int *s_off = reinterpret_cast<int *>(smem), *s_first = s_off + SLOTS;
-#line 1208 "templates/route.lua"
+#line 1182 "templates/route.lua"
         if (tokens == 1) {
             /* one token: its selected slots (s_sel; distinct: top-k picks distinct experts, the shared slots are
              * their own) take one row block each, in slot order, so a slot's offset is align times the selected
@@ -949,10 +879,10 @@ llama_4_scout_route_bf16_e16k1s1_t32k128s6(const moe_half_t *__restrict__ x, con
                     reinterpret_cast<int4 *>(fuse.tiles)[below] = make_int4(s_slot[e], off, 1, 0);
             }
         } else
-#line 1229 "templates/route.lua"
+#line 1203 "templates/route.lua"
         moe_plan_block<THREADS, SLOTS>(counts, one ? s_count : nullptr, s_slot, fuse.align, fuse.offsets,
                                        fuse.cursor, fuse.tiles, fuse.num_tiles, s_off, s_first, s_wr, s_wt);
-#line 1232 "templates/route.lua"
+#line 1206 "templates/route.lua"
         if (fuse.mode != 2)
             return;
         /* the scatter: each entry's row, then a warp per routed row copies x (HV 16-byte vectors) */
@@ -964,7 +894,7 @@ llama_4_scout_route_bf16_e16k1s1_t32k128s6(const moe_half_t *__restrict__ x, con
         /* entry i's id and row from shared memory where this block made them (one token block, its first NW
          * tokens: every call mode 2 is given), else from L2 */
         const int nk = one ? min(n, NW * ENTRIES) : 0;
-#line 1253 "templates/route.lua"
+#line 1227 "templates/route.lua"
         for (int i = tid; i < n; i += THREADS) {
             const int e = i < nk ? s_ent[i] : __ldcg(topk_idx + i);
             const int r = s_off[e] + atomicAdd(s_cur + e, 1);
@@ -972,23 +902,23 @@ llama_4_scout_route_bf16_e16k1s1_t32k128s6(const moe_half_t *__restrict__ x, con
             if (i < nk)
                 s_row[i] = r;
         }
-#line 1261 "templates/route.lua"
+#line 1235 "templates/route.lua"
         __syncthreads();   // row_of (global, s_row) and s_cur are complete, for the whole block
         for (int e = tid; e < SLOTS; e += THREADS) fuse.cursor[e] = s_cur[e];   // as permute_scatter leaves it
-#line 1267 "templates/route.lua"
+#line 1241 "templates/route.lua"
 #pragma unroll 1
         for (int i = warp; i < n; i += NW) {
-#line 1279 "templates/route.lua"
+#line 1253 "templates/route.lua"
             const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(x + (long long)(i / ENTRIES) * H);
             const int row = i < nk ? s_row[i] : __ldcg(fuse.row_of + i);
             uint4 *__restrict__ dst = reinterpret_cast<uint4 *>(fuse.xs + (long long)row * H);
-#line 1283 "templates/route.lua"
+#line 1257 "templates/route.lua"
             const float w = moe_round(__ldcg(topk_w + i));   // the weight in the dtype
 #pragma unroll 8
             for (int v = lane; v < HV; v += 32) dst[v] = moe_scale8(__ldg(src + v), w);
-#line 1290 "templates/route.lua"
+#line 1264 "templates/route.lua"
         }
-#line 1294 "templates/route.lua"
+#line 1268 "templates/route.lua"
     }
 }
 
@@ -5167,18 +5097,6 @@ static inline unsigned moe_route_split(long long tokens, int per_block, long lon
     return (unsigned)split;
 }
 
-/* The route's split blocks of a token block as one thread-block cluster
- * (sm_90 launches; templates/route.lua, "split H"): with at most 8 of them
- * (the portable cluster size) a launch puts the split's blocks in a
- * cluster of (1, split, 1), and their partial logits stay in shared memory
- * for the cluster's rank 0 to sum through distributed shared memory after
- * a cluster barrier, instead of an L2 round trip and a ticket; 1 (no
- * cluster: the ticket path) otherwise. */
-#define MOE_ROUTE_CLUSTER_MAX 8
-static inline unsigned moe_route_cluster(unsigned split) {
-    return split > 1 && split <= MOE_ROUTE_CLUSTER_MAX ? split : 1;
-}
-
 /* Bytes of the route scratch (the split partial logits): enough for any
  * call, since only calls of few tokens split; 0 when H never splits. The
  * tickets are MOE_ROUTE_SPLIT_BLOCKS ints after the E counts (then the
@@ -5546,25 +5464,17 @@ static cudaError_t llama_4_scout_device_init(llama_4_scout_device_t *d, int dev)
  * kernel's first statement waits for the grids before it: docs/DESIGN.md,
  * "Launch overlap"), with coop a cooperative launch (every CTA resident at
  * once, or the launch fails: the chain's up GEMM, templates/gemm_gemv.lua,
- * whose CTAs wait for each other's items), with cluster_y > 1 in clusters of
- * (1, cluster_y, 1) CTAs (the route's split blocks on sm_90:
- * moe_route_cluster), else <<<>>>. A failed launch is the thread's last
- * error, which the forward returns. */
+ * whose CTAs wait for each other's items), else <<<>>>. A failed launch is
+ * the thread's last error, which the forward returns. */
 template <typename... P, typename... A>
-static void llama_4_scout_launch_as(bool pdl, bool coop, unsigned cluster_y, void (*k)(P...), dim3 g, unsigned threads,
+static void llama_4_scout_launch_as(bool pdl, bool coop, void (*k)(P...), dim3 g, unsigned threads,
                            size_t smem, cudaStream_t s, A... args) {
-    if (!pdl && !coop && cluster_y <= 1) {
+    if (!pdl && !coop) {
         k<<<g, threads, smem, s>>>(args...);
         return;
     }
-    cudaLaunchAttribute at[3];
+    cudaLaunchAttribute at[2];
     unsigned na = 0;
-    if (cluster_y > 1) {
-        at[na].id = cudaLaunchAttributeClusterDimension;
-        at[na].val.clusterDim.x = 1;
-        at[na].val.clusterDim.y = cluster_y;
-        at[na++].val.clusterDim.z = 1;
-    }
     if (pdl) {
         at[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
         at[na++].val.programmaticStreamSerializationAllowed = 1;
@@ -5585,7 +5495,7 @@ static void llama_4_scout_launch_as(bool pdl, bool coop, unsigned cluster_y, voi
 template <typename... P, typename... A>
 static void llama_4_scout_launch(bool pdl, void (*k)(P...), dim3 g, unsigned threads, size_t smem,
                         cudaStream_t s, A... args) {
-    llama_4_scout_launch_as(pdl, false, 1, k, g, threads, smem, s, args...);
+    llama_4_scout_launch_as(pdl, false, k, g, threads, smem, s, args...);
 }
 
 /* The current device's entry, filled on first use; NULL with *err set. */
@@ -5610,47 +5520,47 @@ static llama_4_scout_device_t *llama_4_scout_device(cudaError_t *err) {
 }
 
 extern "C" cudaError_t llama_4_scout_forward(const llama_4_scout_args_t *a, cudaStream_t stream) {
-#line 285 "templates/host.lua"
+#line 277 "templates/host.lua"
     if (!a || a->tokens < 0 || a->tokens > llama_4_scout_MAX_TOKENS)
         return cudaErrorInvalidValue;
     if (a->tokens == 0) /* an empty batch: nothing to enqueue, y untouched */
         return cudaSuccess;
-#line 293 "templates/host.lua"
+#line 285 "templates/host.lua"
     if (!a->x || !a->router_w || !a->w1p || !a->w2 || !a->y || !a->workspace)
         return cudaErrorInvalidValue;
-#line 296 "templates/host.lua"
+#line 288 "templates/host.lua"
     /* rows moved 16 bytes at a time: x and y 16-byte aligned, the workspace 256 (as moe_forward checks) */
     if ((uintptr_t)a->x % 16 || (uintptr_t)a->y % 16 || (uintptr_t)a->workspace % 256)
         return cudaErrorInvalidValue;
-#line 323 "templates/host.lua"
+#line 315 "templates/host.lua"
     const int T = a->tokens;
     char *ws = (char *)a->workspace;
-#line 332 "templates/host.lua"
+#line 324 "templates/host.lua"
     int *counts = (int *)(ws + 0);
-#line 332 "templates/host.lua"
+#line 324 "templates/host.lua"
     int *offsets = (int *)(ws + 512);
-#line 332 "templates/host.lua"
+#line 324 "templates/host.lua"
     int *cursor = (int *)(ws + 768);
-#line 332 "templates/host.lua"
+#line 324 "templates/host.lua"
     int *num_tiles = (int *)(ws + 1024);
-#line 332 "templates/host.lua"
+#line 324 "templates/host.lua"
     moe_tile_t *tiles = (moe_tile_t *)(ws + 1280);
-#line 332 "templates/host.lua"
+#line 324 "templates/host.lua"
     int *topk_idx = (int *)(ws + 9728);
-#line 332 "templates/host.lua"
+#line 324 "templates/host.lua"
     float *topk_w = (float *)(ws + 140800);
-#line 332 "templates/host.lua"
+#line 324 "templates/host.lua"
     int *row_of = (int *)(ws + 271872);
-#line 332 "templates/host.lua"
+#line 324 "templates/host.lua"
     moe_half_t *xs = (moe_half_t *)(ws + 402944);
-#line 332 "templates/host.lua"
+#line 324 "templates/host.lua"
     moe_half_t *hbuf = (moe_half_t *)(ws + 358055424);
-#line 332 "templates/host.lua"
+#line 324 "templates/host.lua"
     float *route_part = (float *)(ws + 930299392);
-#line 338 "templates/host.lua"
+#line 330 "templates/host.lua"
     const int v = llama_4_scout_variant(T);
     const long long tiles_y = llama_4_scout_max_tiles(T, v);
-#line 343 "templates/host.lua"
+#line 335 "templates/host.lua"
     cudaError_t e;
     const llama_4_scout_device_t *dev = llama_4_scout_device(&e);
     if (!dev)
@@ -5659,114 +5569,112 @@ extern "C" cudaError_t llama_4_scout_forward(const llama_4_scout_args_t *a, cuda
     const bool pdl = dev->pdl == 1 || (dev->pdl == 2 && llama_4_scout_variant_pdl[v]);
     e = cudaMemsetAsync(counts, 0, 332, stream);
     if (e != cudaSuccess) return e;
-#line 352 "templates/host.lua"
+#line 344 "templates/host.lua"
     /* calls of few tokens: the permute plan (and the scatter) in route's last block (moe_route_fuse_mode) */
     moe_route_fuse_t fz = {0, llama_4_scout_variant_align[v], dev->slot_of, offsets, cursor, tiles, num_tiles, xs, row_of};
     if (dev->route_fuse)
         fz.mode = moe_route_fuse_mode(T, 2, 5120, 8, 1);
-    const unsigned rsplit = moe_route_split(T, 32, 5120);
-    /* the split's blocks as one cluster on sm_90 (moe_route_cluster; the route's sm_90a code) */
-    llama_4_scout_launch_as(pdl, false, dev->use90 ? moe_route_cluster(rsplit) : 1u, llama_4_scout_route_bf16_e16k1s1_t32k128s6, dim3(moe_blocks(T, 32), rsplit), 256, 78336, stream,
+    llama_4_scout_launch(pdl, llama_4_scout_route_bf16_e16k1s1_t32k128s6, dim3(moe_blocks(T, 32), moe_route_split(T, 32, 5120)), 256, 78336, stream,
         (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,
         counts, route_part, fz);
-#line 367 "templates/host.lua"
+#line 357 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 0)
         llama_4_scout_launch(pdl, llama_4_scout_permute_plan_e17_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 367 "templates/host.lua"
+#line 357 "templates/host.lua"
     else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 1)
         llama_4_scout_launch(pdl, llama_4_scout_permute_plan_e17_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 367 "templates/host.lua"
+#line 357 "templates/host.lua"
     else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 2)
         llama_4_scout_launch(pdl, llama_4_scout_permute_plan_e17_a128, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 394 "templates/host.lua"
+#line 384 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_SCATTER)
         llama_4_scout_launch(pdl, llama_4_scout_permute_scatter_bf16_h5120k2, dim3(moe_blocks(T, 8)), 256, 0, stream, (const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
-#line 476 "templates/host.lua"
+#line 466 "templates/host.lua"
     /* few tokens: a gemv down GEMM writes y itself (moe_combine_fuse_tokens) */
     const int cfuse = dev->combine_fuse && moe_combine_fuse_tokens(T);
     int combined = 0;
     (void)cfuse;
-#line 494 "templates/host.lua"
+#line 484 "templates/host.lua"
     if (v == 0) { /* calls of 1 .. 63 tokens */
-#line 443 "templates/host.lua"
+#line 433 "templates/host.lua"
         if (dev->use90) {
-#line 448 "templates/host.lua"
+#line 438 "templates/host.lua"
         moe_tmap_t ma, mb;
-#line 402 "templates/host.lua"
+#line 392 "templates/host.lua"
         if ((e = llama_4_scout_tmap(dev->encode, &ma, xs, tiles_y * 64, 5120, 64)) != cudaSuccess ||
             (e = llama_4_scout_tmap(dev->encode, &mb, a->w1p, 278528LL, 5120, 128)) != cudaSuccess)
             return e;
-#line 416 "templates/host.lua"
+#line 406 "templates/host.lua"
         llama_4_scout_launch(pdl, llama_4_scout_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 128, 0, 0, 0)), 256, 147552, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 402 "templates/host.lua"
+#line 392 "templates/host.lua"
         if ((e = llama_4_scout_tmap(dev->encode, &ma, hbuf, tiles_y * 64, 8192, 64)) != cudaSuccess ||
             (e = llama_4_scout_tmap(dev->encode, &mb, a->w2, 87040LL, 8192, 128)) != cudaSuccess)
             return e;
-#line 416 "templates/host.lua"
+#line 406 "templates/host.lua"
         llama_4_scout_launch(pdl, llama_4_scout_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 40, 0, 0, 0)), 256, 147552, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 466 "templates/host.lua"
+#line 456 "templates/host.lua"
         } else {
-#line 436 "templates/host.lua"
+#line 426 "templates/host.lua"
         llama_4_scout_launch(pdl, llama_4_scout_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(128, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 436 "templates/host.lua"
+#line 426 "templates/host.lua"
         llama_4_scout_launch(pdl, llama_4_scout_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(40, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 473 "templates/host.lua"
+#line 463 "templates/host.lua"
         }
-#line 494 "templates/host.lua"
+#line 484 "templates/host.lua"
     } else if (v == 1) { /* calls of 64 .. 2047 tokens */
-#line 443 "templates/host.lua"
+#line 433 "templates/host.lua"
         if (dev->use90) {
-#line 448 "templates/host.lua"
+#line 438 "templates/host.lua"
         moe_tmap_t ma, mb;
-#line 402 "templates/host.lua"
+#line 392 "templates/host.lua"
         if ((e = llama_4_scout_tmap(dev->encode, &ma, xs, tiles_y * 64, 5120, 64)) != cudaSuccess ||
             (e = llama_4_scout_tmap(dev->encode, &mb, a->w1p, 278528LL, 5120, 256)) != cudaSuccess)
             return e;
-#line 416 "templates/host.lua"
+#line 406 "templates/host.lua"
         llama_4_scout_launch(pdl, llama_4_scout_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 64, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 402 "templates/host.lua"
+#line 392 "templates/host.lua"
         if ((e = llama_4_scout_tmap(dev->encode, &ma, hbuf, tiles_y * 64, 8192, 64)) != cudaSuccess ||
             (e = llama_4_scout_tmap(dev->encode, &mb, a->w2, 87040LL, 8192, 256)) != cudaSuccess)
             return e;
-#line 416 "templates/host.lua"
+#line 406 "templates/host.lua"
         llama_4_scout_launch(pdl, llama_4_scout_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 20, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 466 "templates/host.lua"
+#line 456 "templates/host.lua"
         } else {
-#line 436 "templates/host.lua"
+#line 426 "templates/host.lua"
         llama_4_scout_launch(pdl, llama_4_scout_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(128, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 436 "templates/host.lua"
+#line 426 "templates/host.lua"
         llama_4_scout_launch(pdl, llama_4_scout_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(40, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 473 "templates/host.lua"
+#line 463 "templates/host.lua"
         }
-#line 494 "templates/host.lua"
+#line 484 "templates/host.lua"
     } else if (v == 2) { /* calls of 2048 or more tokens */
-#line 443 "templates/host.lua"
+#line 433 "templates/host.lua"
         if (dev->use90) {
-#line 448 "templates/host.lua"
+#line 438 "templates/host.lua"
         moe_tmap_t ma, mb;
-#line 402 "templates/host.lua"
+#line 392 "templates/host.lua"
         if ((e = llama_4_scout_tmap(dev->encode, &ma, xs, tiles_y * 128, 5120, 128)) != cudaSuccess ||
             (e = llama_4_scout_tmap(dev->encode, &mb, a->w1p, 278528LL, 5120, 256)) != cudaSuccess)
             return e;
-#line 416 "templates/host.lua"
+#line 406 "templates/host.lua"
         llama_4_scout_launch(pdl, llama_4_scout_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s3c2g16, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 64, 1, 0, dev->sms)), 384, 182320, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 402 "templates/host.lua"
+#line 392 "templates/host.lua"
         if ((e = llama_4_scout_tmap(dev->encode, &ma, hbuf, tiles_y * 128, 8192, 128)) != cudaSuccess ||
             (e = llama_4_scout_tmap(dev->encode, &mb, a->w2, 87040LL, 8192, 256)) != cudaSuccess)
             return e;
-#line 416 "templates/host.lua"
+#line 406 "templates/host.lua"
         llama_4_scout_launch(pdl, llama_4_scout_gemm_down_bf16_sm90a_tma_persist_m128n256k64s3c2g16, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 20, 1, 0, dev->sms)), 384, 182320, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 466 "templates/host.lua"
+#line 456 "templates/host.lua"
         } else {
-#line 436 "templates/host.lua"
+#line 426 "templates/host.lua"
         llama_4_scout_launch(pdl, llama_4_scout_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8, dim3(128, (unsigned)tiles_y), 256, 81920, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 436 "templates/host.lua"
+#line 426 "templates/host.lua"
         llama_4_scout_launch(pdl, llama_4_scout_gemm_down_bf16_m128n128k32s4w2x4g8, dim3(40, (unsigned)tiles_y), 256, 81920, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 473 "templates/host.lua"
+#line 463 "templates/host.lua"
         }
-#line 497 "templates/host.lua"
+#line 487 "templates/host.lua"
     }
-#line 499 "templates/host.lua"
+#line 489 "templates/host.lua"
     if (!combined)
         llama_4_scout_launch(pdl, llama_4_scout_combine_bf16_h5120k2, dim3(moe_blocks(T, 8), moe_combine_split(T, 5120)), 256, 0, stream, xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
@@ -5789,7 +5697,7 @@ extern "C" void llama_4_scout_pack_b1(const unsigned short *b1, unsigned short *
             b1p[e * 2 * F + moe_pack_row(r, F)] = b1[e * 2 * F + r];
 }
 
-#line 522 "templates/host.lua"
+#line 512 "templates/host.lua"
 /* The device-side pack of one checkpoint tensor (the runtime's
  * moe_plan_pack_async; README.md, "Weight layouts"): slots first ..
  * first + count - 1 of packed tensor `tensor` (pack_geom.h's MOE_PACK_*)
@@ -5814,7 +5722,7 @@ extern "C" cudaError_t llama_4_scout_pack(int tensor, void *dst, const void *src
         (const unsigned short *)(two ? src1 : src0), a, b, first, count);
     return cudaGetLastError();
 }
-#line 626 "templates/host.lua"
+#line 616 "templates/host.lua"
 
 /* The shared expert's slots E + j (j < 1): gate rows jF.., up
  * rows F_s + jF.. of w1s [2F_s, H] into w1p (packed like llama_4_scout_pack_w1),
@@ -5834,5 +5742,5 @@ extern "C" void llama_4_scout_pack_shared(const unsigned short *w1s, const unsig
                 w2[((E + j) * H + h) * F + f] = w2s[h * FS + j * F + f];
     }
 }
-#line 646 "templates/host.lua"
+#line 636 "templates/host.lua"
 #endif /* __CUDACC_RTC__ */

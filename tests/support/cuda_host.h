@@ -320,16 +320,11 @@ static inline unsigned char *host_smem() { return host.smem + (size_t)host.cta *
  * `rank`'s. */
 static inline void moe_cluster_sync() { host_wait(host.clusterb); }
 static inline unsigned moe_cluster_rank() { return (unsigned)host.cta; }
-static inline unsigned moe_cluster_ctas() { return (unsigned)host.cluster; }
 static inline float moe_cluster_ld(const float *p, unsigned rank) {
     const unsigned char *q = reinterpret_cast<const unsigned char *>(p);
     float v;
     memcpy(&v, q - (size_t)host.cta * host.smem_stride + (size_t)rank * host.smem_stride, 4);
     return v;
-}
-static inline float4 moe_cluster_ld4(const float *p, unsigned rank) {
-    return make_float4(moe_cluster_ld(p, rank), moe_cluster_ld(p + 1, rank), moe_cluster_ld(p + 2, rank),
-                       moe_cluster_ld(p + 3, rank));
 }
 
 /* The prelude's fp8 conversions: e4m3 (OCP e4m3fn: bias 7, 0x7f / 0xff NaN)
@@ -477,19 +472,17 @@ static void host_fiber_main() {
 }
 
 /* Run fn as every thread of a gx x gy x gz grid of 256-thread blocks, one
- * block at a time (or `cluster` consecutive blocks along x at a time, along
- * y with cluster_y, together: a cluster), with smem bytes of shared memory
- * per block (poisoned); blocks of `threads` threads (a multiple of 32, at
- * most HOST_THREADS). */
+ * block at a time (or `cluster` consecutive blocks along x at a time,
+ * together: a cluster), with smem bytes of shared memory per block
+ * (poisoned); blocks of `threads` threads (a multiple of 32, at most
+ * HOST_THREADS). */
 static inline void host_launch3(unsigned gx, unsigned gy, unsigned gz, size_t smem, const std::function<void()> &fn,
-                                unsigned cluster = 1, int threads = 256, bool cluster_y = false) {
-    if (cluster < 1 || cluster > HOST_MAX_CLUSTER || (cluster_y ? gy : gx) % cluster || threads % 32 || threads < 32 ||
+                                unsigned cluster = 1, int threads = 256) {
+    if (cluster < 1 || cluster > HOST_MAX_CLUSTER || gx % cluster || threads % 32 || threads < 32 ||
         threads > HOST_THREADS) {
-        fprintf(stderr, "host_launch: a cluster of %u blocks of %d threads over a grid of %u x %u\n", cluster, threads,
-                gx, gy);
+        fprintf(stderr, "host_launch: a cluster of %u blocks of %d threads over a grid of %u\n", cluster, threads, gx);
         abort();
     }
-    const unsigned cx = cluster_y ? 1 : cluster, cy = cluster_y ? cluster : 1;
     host.threads = threads;
     host.smem_stride = (smem + 16 + 15) / 16 * 16;
     std::vector<unsigned char> sm(host.smem_stride * cluster);
@@ -499,8 +492,8 @@ static inline void host_launch3(unsigned gx, unsigned gy, unsigned gz, size_t sm
     host.fn = &fn;
     host.cluster = (int)cluster;
     gridDim = {gx, gy, gz};
-    for (unsigned byz = 0; byz < gy * gz; byz += cy) /* y, then z */
-        for (unsigned bx = 0, by = byz % gy, bz = byz / gy; bx < gx; bx += cx) {
+    for (unsigned byz = 0; byz < gy * gz; byz++) /* y, then z */
+        for (unsigned bx = 0, by = byz % gy, bz = byz / gy; bx < gx; bx += cluster) {
             memset(sm.data(), 0xcd, sm.size());
             for (unsigned b = 0; b < cluster; b++) {
                 host.block[b] = {0, threads, 0};
@@ -525,7 +518,7 @@ static inline void host_launch3(unsigned gx, unsigned gy, unsigned gz, size_t sm
                         host.cur = t;
                         host.cta = t / threads;
                         threadIdx = {(unsigned)(t % threads), 0, 0};
-                        blockIdx = {bx + (cluster_y ? 0u : (unsigned)host.cta), by + (cluster_y ? (unsigned)host.cta : 0u), bz};
+                        blockIdx = {bx + (unsigned)host.cta, by, bz};
                         swapcontext(&host.main, &host.fiber[t]);
                         left += !host.done[t];
                     }
@@ -535,8 +528,8 @@ static inline void host_launch3(unsigned gx, unsigned gy, unsigned gz, size_t sm
 
 /* host_launch3 over one z layer: a gx x gy grid. */
 static inline void host_launch(unsigned gx, unsigned gy, size_t smem, const std::function<void()> &fn,
-                               unsigned cluster = 1, int threads = 256, bool cluster_y = false) {
-    host_launch3(gx, gy, 1, smem, fn, cluster, threads, cluster_y);
+                               unsigned cluster = 1, int threads = 256) {
+    host_launch3(gx, gy, 1, smem, fn, cluster, threads);
 }
 
 #endif
