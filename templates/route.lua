@@ -78,7 +78,12 @@
 @ -- router.apply = "input"), and cursor[] ends as the scatter leaves it
 @ -- (each slot's count). Mode 2 is not emitted for fp8 specs (their rows
 @ -- are quantized by permute_scatter). permute_plan (and permute_scatter)
-@ -- are then not launched.
+@ -- are then not launched. A call of one token (not with given ids, which
+@ -- may repeat) plans without a scan: its selected slots (s_sel, distinct)
+@ -- take one row block each in slot order; and with mode 2 (not with
+@ -- router.apply = "input") its x row is copied to rows r * align, r <
+@ -- ENTRIES, by the warps phase 2 leaves idle, so the tail writes the row
+@ -- map only.
 @ --
 @ -- Zero-computation experts (p.spec.zero_experts = Z > 0, docs/DESIGN.md,
 @ -- "Zero experts"): the router scores NS = E + Z experts (logit columns,

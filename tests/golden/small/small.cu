@@ -284,11 +284,11 @@ static __device__ __forceinline__ void moe_plan_block(const int *counts, const i
     }
 }
 
-#line 260 "templates/route.lua"
+#line 265 "templates/route.lua"
 namespace small_route_bf16_e12k3_t32k128s6_impl {
 constexpr int E = 12, K = 3, H = 1536;
 constexpr int HR = H;   // the router's width (router.hidden, else H): router_x, router_w
-#line 266 "templates/route.lua"
+#line 271 "templates/route.lua"
 constexpr int T = 32, THREADS = 256, NW = 8;
 constexpr int MT = 2;          // m16 tiles: every warp covers all T tokens
 constexpr int WN = 1, WK = 8;     // warps along the pass's columns, along each stage's k16 steps
@@ -316,7 +316,7 @@ static_assert(KSTEPS % WK == 0 && NPASS * EP >= MC && LDL >= NPASS * EP, "tiling
 static_assert(SMEM == (NPASS == 1 ? (S * STAGE * 2 > T * LDL * 4 ? S * STAGE * 2 : T * LDL * 4)
                                   : S * STAGE * 2 + T * LDL * 4), "shared memory: gen/family_route.c's tiling");
 static_assert((STR * 2) % 16 == 0 && LOFF % 16 == 0, "smem alignment");
-#line 300 "templates/route.lua"
+#line 305 "templates/route.lua"
 
 /* D = A(16x16, row) * B(16x8, col) + D, fp32 accumulate. */
 static __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
@@ -349,18 +349,18 @@ static __device__ __forceinline__ void load_stage(moe_half_t *dst, const moe_hal
                 src = x + (long long)tok * HR + k;
             } else {
                 const int col = nbase + r - T;
-#line 352 "templates/route.lua"
+#line 357 "templates/route.lua"
                 ok = col < LCOLS && k < HR;
-#line 356 "templates/route.lua"
+#line 361 "templates/route.lua"
                 src = wr + (long long)col * HR + k;
-#line 359 "templates/route.lua"
+#line 364 "templates/route.lua"
             }
             moe_cp_async16(dst + r * STR + q * 8, ok ? src : x, ok ? 16 : 0);
         }
     }
 }
 
-#line 366 "templates/route.lua"
+#line 371 "templates/route.lua"
 constexpr int DNT = 2, DWN = 2, DWK = 4;   // few tokens: n8 tiles; warps along them, along k
 constexpr int DSCR = 1280;      // few tokens: the k-split sums' scratch, bytes into smem
 
@@ -384,9 +384,9 @@ static __device__ __forceinline__ void logits_few(float *lsm, float *scr, const 
         for (int b = 0; b < TB; ++b) {
             const int n = (j0 + b * DWN) * 8 + g;
             wok[b] = j0 + b * DWN < DNT && n < LCOLS;
-#line 392 "templates/route.lua"
+#line 397 "templates/route.lua"
             wrow[b] = wr + (long long)(wok[b] ? n : 0) * HR + k0 + 8 * tq;
-#line 394 "templates/route.lua"
+#line 399 "templates/route.lua"
 #pragma unroll
             for (int r = 0; r < 4; ++r) acc[b][r] = 0.f;
         }
@@ -435,7 +435,7 @@ static __device__ __forceinline__ void logits_few(float *lsm, float *scr, const 
     }
 }
 
-#line 443 "templates/route.lua"
+#line 448 "templates/route.lua"
 /* A ticket: atomically add 1 at p (gpu scope) and return the old value, as a release of every write the block made
  * before its barrier and an acquire of every write released before the tickets taken earlier (a block's threads
  * meet at a barrier, then thread 0 takes it: the barrier orders their writes before its release, and the barrier
@@ -528,18 +528,18 @@ small_route_bf16_e12k3_t32k128s6(const moe_half_t *__restrict__ x, const moe_hal
     unsigned char *smem = moe_route_smem;
     __shared__ int s_count[SLOTS];   // this block's selections per weight slot (the plan's counts: one token block)
     __shared__ int s_slot[SLOTS];    // fused: the plan's slot_of (cp.async at the start)
-#line 536 "templates/route.lua"
+#line 541 "templates/route.lua"
     __shared__ int s_ent[NW * ENTRIES], s_row[NW * ENTRIES];   // the fused scatter's entries and their rows
-#line 539 "templates/route.lua"
+#line 544 "templates/route.lua"
     __shared__ int s_sel[ENTRIES];   // the block's first token's slots (a zero expert: INT_MAX), for a 1-token plan
-#line 542 "templates/route.lua"
+#line 547 "templates/route.lua"
     (void)sel_bias;
-#line 545 "templates/route.lua"
+#line 550 "templates/route.lua"
     (void)logit_bias;
-#line 548 "templates/route.lua"
+#line 553 "templates/route.lua"
     moe_half_t *ring = reinterpret_cast<moe_half_t *>(smem);
     float *lsm = reinterpret_cast<float *>(smem + LOFF);
-#line 551 "templates/route.lua"
+#line 556 "templates/route.lua"
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int tok0 = blockIdx.x * T;
     if (tok0 >= tokens)
@@ -548,7 +548,7 @@ small_route_bf16_e12k3_t32k128s6(const moe_half_t *__restrict__ x, const moe_hal
      * tail, whose wait finds it long arrived; the staged ring's first wait may cover it too) */
     if (fuse.mode != 0)
         for (int e = tid; e < SLOTS; e += THREADS) slot_async(s_slot + e, fuse.slot_of + e);
-#line 564 "templates/route.lua"
+#line 569 "templates/route.lua"
     for (int e = tid; e < SLOTS; e += THREADS) s_count[e] = 0;   // ordered before use by phase 1's barriers
 
     /* ---- phase 1: logits[T, E] = x[T, HR] . wr[E, HR]^T (x: router_x where the router has its own input) ---- */
@@ -560,13 +560,13 @@ small_route_bf16_e12k3_t32k128s6(const moe_half_t *__restrict__ x, const moe_hal
      * j*8 + (lane & 7) (+8 for lanes 16..31: the pair's second n8 tile), column +8 for lanes 8..15 and 24..31 */
     const int a_off = (lane & 15) * STR + (lane >> 4) * 8;
     const int b_off = (T + wn * NT * 8 + (lane & 7) + ((lane >> 4) << 3)) * STR + ((lane >> 3) & 1) * 8;
-#line 576 "templates/route.lua"
+#line 581 "templates/route.lua"
     if (tokens - tok0 <= 8) {   // block-uniform: few tokens, no staging ("Few tokens")
         logits_few(lsm, reinterpret_cast<float *>(smem + DSCR), x, wr, tok0, tokens - tok0, c0 * BK,
                    min(c1 * BK, HR), tid);
         __syncthreads();
     } else
-#line 582 "templates/route.lua"
+#line 587 "templates/route.lua"
 #pragma unroll 1
     for (int pass = 0; pass < NPASS; ++pass) {
         const int nbase = pass * EP;   // the pass's first logit column
@@ -625,7 +625,7 @@ small_route_bf16_e12k3_t32k128s6(const moe_half_t *__restrict__ x, const moe_hal
         moe_cp_async_wait<0>();
         __syncthreads();   // the ring is free (it may hold the logits)
 
-#line 641 "templates/route.lua"
+#line 646 "templates/route.lua"
         /* fragment (mt, j): rows mt*16 + g (+8), columns wn*NT*8 + j*8 + 2tq (+1) of the pass. Warp wk's
          * fragments to slice wk (slice 0: the logits' own place; slice s > 0: [T][EP] floats at
          * smem + 5120 + (s - 1) T EP 4), one barrier, then each thread adds a float4's slices in wk order
@@ -657,7 +657,7 @@ small_route_bf16_e12k3_t32k128s6(const moe_half_t *__restrict__ x, const moe_hal
             }
             __syncthreads();
         }
-#line 694 "templates/route.lua"
+#line 699 "templates/route.lua"
     }
 
     /* ---- split H: partial logits out, and the last block sums them ---- */
@@ -665,10 +665,10 @@ small_route_bf16_e12k3_t32k128s6(const moe_half_t *__restrict__ x, const moe_hal
         __shared__ int s_last;
         const int nv = min(T, tokens - tok0) * E;   // the block's tokens' logits only
         float *part = route_part + ((long long)blockIdx.y * gridDim.x + blockIdx.x) * (T * E);
-#line 702 "templates/route.lua"
+#line 707 "templates/route.lua"
         for (int i = 4 * tid; i < nv; i += 4 * THREADS)   // LDL and E multiples of 4: a float4 of one token's row
             *reinterpret_cast<float4 *>(part + i) = *reinterpret_cast<const float4 *>(lsm + (i / E) * LDL + i % E);
-#line 707 "templates/route.lua"
+#line 712 "templates/route.lua"
         __syncthreads();   // the block's partials are written: thread 0's ticket releases them
         if (tid == 0)
             s_last = take_ticket(counts + E + blockIdx.x) == (int)gridDim.y - 1;
@@ -713,7 +713,7 @@ small_route_bf16_e12k3_t32k128s6(const moe_half_t *__restrict__ x, const moe_hal
                 lsm[(j / E) * LDL + j % E] = v;
             __syncthreads();
         } else {   // G is 1 here (G > 1 only while G * nv <= THREADS)
-#line 752 "templates/route.lua"
+#line 757 "templates/route.lua"
             /* four logits a float4: a thread's NB float4s of every split, four splits' loads issued together
              * (the sum over y in split order from 0, as above: the same bits) */
             constexpr int NB = 4;
@@ -743,12 +743,12 @@ small_route_bf16_e12k3_t32k128s6(const moe_half_t *__restrict__ x, const moe_hal
                 }
             }
             __syncthreads();
-#line 807 "templates/route.lua"
+#line 812 "templates/route.lua"
         }
     }
-#line 820 "templates/route.lua"
+#line 825 "templates/route.lua"
 
-#line 823 "templates/route.lua"
+#line 828 "templates/route.lua"
     /* one token, scattered (mode 2): its rows are r * align for r < ENTRIES whatever the experts, since every
      * entry has a slot of its own (top-k picks distinct experts, slot_of is a permutation, the shared slots
      * are their own) and a zero expert's row is where the routed rows end; so the warps phase 2 leaves idle
@@ -764,14 +764,14 @@ small_route_bf16_e12k3_t32k128s6(const moe_half_t *__restrict__ x, const moe_hal
                 reinterpret_cast<uint4 *>(fuse.xs + (long long)r * fuse.align * H)[v] = xv;
         }
     }
-#line 839 "templates/route.lua"
+#line 844 "templates/route.lua"
     /* ---- phase 2: a warp per token: scores, top-k, weights, counts ---- */
 #pragma unroll 1
     for (int tt = warp; tt < T; tt += NW) {
         const int tok = tok0 + tt;
         if (tok >= tokens)
             break;
-#line 846 "templates/route.lua"
+#line 851 "templates/route.lua"
         const float *lrow = lsm + tt * LDL;
         float pv[VPL];
         unsigned valid = 0;
@@ -779,15 +779,15 @@ small_route_bf16_e12k3_t32k128s6(const moe_half_t *__restrict__ x, const moe_hal
         for (int i = 0; i < VPL; ++i) {
             const int e = lane + 32 * i;
             if (e < E) {
-#line 856 "templates/route.lua"
+#line 861 "templates/route.lua"
                 pv[i] = lrow[e];
-#line 858 "templates/route.lua"
+#line 863 "templates/route.lua"
                 valid |= 1u << i;
             } else {
                 pv[i] = 0.f;
             }
         }
-#line 873 "templates/route.lua"
+#line 878 "templates/route.lua"
         float m = -__int_as_float(0x7f800000);
 #pragma unroll
         for (int i = 0; i < VPL; ++i)
@@ -802,16 +802,16 @@ small_route_bf16_e12k3_t32k128s6(const moe_half_t *__restrict__ x, const moe_hal
         z = warp_sum(z);
 #pragma unroll
         for (int i = 0; i < VPL; ++i) pv[i] = pv[i] / z;
-#line 916 "templates/route.lua"
+#line 921 "templates/route.lua"
         unsigned ord[VPL];   // selection scores s = p (+ sel_bias), as keys
 #pragma unroll
         for (int i = 0; i < VPL; ++i) {
-#line 923 "templates/route.lua"
+#line 928 "templates/route.lua"
             ord[i] = ord_of(pv[i]);
-#line 925 "templates/route.lua"
+#line 930 "templates/route.lua"
         }
         unsigned cand = valid;
-#line 1047 "templates/route.lua"
+#line 1052 "templates/route.lua"
 
         /* top-k, best first; lane r keeps the r-th expert */
         int mine = 0;
@@ -823,43 +823,43 @@ small_route_bf16_e12k3_t32k128s6(const moe_half_t *__restrict__ x, const moe_hal
             if (lane == (e & 31))
                 cand &= ~(1u << (e >> 5));
         }
-#line 1059 "templates/route.lua"
+#line 1064 "templates/route.lua"
 
         /* weights: p at the selected experts (never the selection bias) */
         float w = 0.f;
-#line 1065 "templates/route.lua"
+#line 1070 "templates/route.lua"
         if (lane < K) {
-#line 1072 "templates/route.lua"
+#line 1077 "templates/route.lua"
             const float l = lrow[mine];
-#line 1075 "templates/route.lua"
+#line 1080 "templates/route.lua"
             w = expf(l - m) / z;
-#line 1101 "templates/route.lua"
+#line 1106 "templates/route.lua"
         }
-#line 1103 "templates/route.lua"
+#line 1108 "templates/route.lua"
         {
             const float sum = warp_sum(w);
             if (sum > 0.f)
                 w = w / sum;
         }
-#line 1137 "templates/route.lua"
+#line 1142 "templates/route.lua"
         if (lane < K) {
             topk_idx[(long long)tok * K + lane] = mine;
             topk_w[(long long)tok * K + lane] = w;
             atomicAdd(s_count + mine, 1);
         }
-#line 1144 "templates/route.lua"
+#line 1149 "templates/route.lua"
         if (tt < NW && lane < ENTRIES)   // the entries of the fused scatter's tokens (mode 2: at most NW), kept here
             s_ent[tt * ENTRIES + lane] = lane < K ? mine : E + lane - K;
-#line 1148 "templates/route.lua"
+#line 1153 "templates/route.lua"
         if (tt == 0 && lane < ENTRIES)
             s_sel[lane] = lane < K ? (mine < E ? mine : 0x7fffffff) : E + lane - K;
-#line 1151 "templates/route.lua"
+#line 1156 "templates/route.lua"
     }
     __syncthreads();
     for (int e = tid; e < E; e += THREADS)
         if (s_count[e])
             atomicAdd(counts + e, s_count[e]);
-#line 1162 "templates/route.lua"
+#line 1167 "templates/route.lua"
 
     /* ---- fused: the last block to finish plans the permutation (and scatters) ---- */
     if (fuse.mode == 0)
@@ -879,7 +879,7 @@ small_route_bf16_e12k3_t32k128s6(const moe_half_t *__restrict__ x, const moe_hal
             return;
         /* the dynamic smem is free: phase 2 is done with the logits */
         int *s_off = reinterpret_cast<int *>(smem), *s_first = s_off + SLOTS;
-#line 1182 "templates/route.lua"
+#line 1187 "templates/route.lua"
         if (tokens == 1) {
             /* one token: its selected slots (s_sel; distinct: top-k picks distinct experts, the shared slots are
              * their own) take one row block each, in slot order, so a slot's offset is align times the selected
@@ -900,10 +900,10 @@ small_route_bf16_e12k3_t32k128s6(const moe_half_t *__restrict__ x, const moe_hal
                     reinterpret_cast<int4 *>(fuse.tiles)[below] = make_int4(s_slot[e], off, 1, 0);
             }
         } else
-#line 1203 "templates/route.lua"
+#line 1208 "templates/route.lua"
         moe_plan_block<THREADS, SLOTS>(counts, one ? s_count : nullptr, s_slot, fuse.align, fuse.offsets,
                                        fuse.cursor, fuse.tiles, fuse.num_tiles, s_off, s_first, s_wr, s_wt);
-#line 1206 "templates/route.lua"
+#line 1211 "templates/route.lua"
         if (fuse.mode != 2)
             return;
         /* the scatter: each entry's row, then a warp per routed row copies x (HV 16-byte vectors) */
@@ -915,7 +915,7 @@ small_route_bf16_e12k3_t32k128s6(const moe_half_t *__restrict__ x, const moe_hal
         /* entry i's id and row from shared memory where this block made them (one token block, its first NW
          * tokens: every call mode 2 is given), else from L2 */
         const int nk = one ? min(n, NW * ENTRIES) : 0;
-#line 1227 "templates/route.lua"
+#line 1232 "templates/route.lua"
         for (int i = tid; i < n; i += THREADS) {
             const int e = i < nk ? s_ent[i] : __ldcg(topk_idx + i);
             const int r = s_off[e] + atomicAdd(s_cur + e, 1);
@@ -923,25 +923,25 @@ small_route_bf16_e12k3_t32k128s6(const moe_half_t *__restrict__ x, const moe_hal
             if (i < nk)
                 s_row[i] = r;
         }
-#line 1235 "templates/route.lua"
+#line 1240 "templates/route.lua"
         __syncthreads();   // row_of (global, s_row) and s_cur are complete, for the whole block
         for (int e = tid; e < SLOTS; e += THREADS) fuse.cursor[e] = s_cur[e];   // as permute_scatter leaves it
-#line 1238 "templates/route.lua"
+#line 1243 "templates/route.lua"
         if (tokens == 1)   // phase 2's idle warps copied x[0] to every row one token can take
             return;
-#line 1241 "templates/route.lua"
+#line 1246 "templates/route.lua"
 #pragma unroll 1
         for (int i = warp; i < n; i += NW) {
-#line 1253 "templates/route.lua"
+#line 1258 "templates/route.lua"
             const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(x + (long long)(i / ENTRIES) * H);
             const int row = i < nk ? s_row[i] : __ldcg(fuse.row_of + i);
             uint4 *__restrict__ dst = reinterpret_cast<uint4 *>(fuse.xs + (long long)row * H);
-#line 1261 "templates/route.lua"
+#line 1266 "templates/route.lua"
 #pragma unroll 8
             for (int v = lane; v < HV; v += 32) dst[v] = __ldg(src + v);
-#line 1264 "templates/route.lua"
+#line 1269 "templates/route.lua"
         }
-#line 1268 "templates/route.lua"
+#line 1273 "templates/route.lua"
     }
 }
 
