@@ -143,7 +143,7 @@ typedef struct {
                        permute_scatter always launched apart (moe_route_fuse_mode) */
     int pdl;        /* MOEGEN_PDL (read on the first call): 0 off, 1 on, 2 auto (unset): whether a forward's kernels
                        launch as programmatic dependents (${n}_launch): every call's, or those of the calls whose
-                       variant's tuning entry says +pdl (${n}_variant_pdl); 0 below compute capability 9.x */
+                       variant's tuning entry says +pdl (${n}_variant_pdl); 0 without the sm_90a kernels (use90) */
     int combine_fuse; /* 1 with MOEGEN_COMBINE_FUSE=on (read on the first call): the combine folded into a gemv
                          down GEMM (moe_combine_fuse_tokens); else its own kernel */
     int gather;     /* MOEGEN_GATHER (read on the first call): 0 off, 1 on, 2 auto (unset): where the sm_90a up GEMM
@@ -186,6 +186,8 @@ static cudaError_t ${n}_device_init(${n}_device_t *d, int dev) {
 @ else
     d->use90 = ${p.sm90 and 1 or 0};
 @ end
+    if (!d->use90) /* the sm_80 kernels' moe_pdl_begin is empty: they never launch with overlap (the runtime's rule) */
+        d->pdl = 0;
 @ if p.sm90 then
     if (d->use90 && (e = ${n}_encoder(&d->encode)) != cudaSuccess)
         return e;

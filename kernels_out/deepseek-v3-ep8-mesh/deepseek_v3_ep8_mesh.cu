@@ -3305,7 +3305,7 @@ typedef struct {
                        permute_scatter always launched apart (moe_route_fuse_mode) */
     int pdl;        /* MOEGEN_PDL (read on the first call): 0 off, 1 on, 2 auto (unset): whether a forward's kernels
                        launch as programmatic dependents (deepseek_v3_ep8_mesh_launch): every call's, or those of the calls whose
-                       variant's tuning entry says +pdl (deepseek_v3_ep8_mesh_variant_pdl); 0 below compute capability 9.x */
+                       variant's tuning entry says +pdl (deepseek_v3_ep8_mesh_variant_pdl); 0 without the sm_90a kernels (use90) */
     int combine_fuse; /* 1 with MOEGEN_COMBINE_FUSE=on (read on the first call): the combine folded into a gemv
                          down GEMM (moe_combine_fuse_tokens); else its own kernel */
     int gather;     /* MOEGEN_GATHER (read on the first call): 0 off, 1 on, 2 auto (unset): where the sm_90a up GEMM
@@ -3342,20 +3342,23 @@ static cudaError_t deepseek_v3_ep8_mesh_device_init(deepseek_v3_ep8_mesh_device_
     d->gather = !ge || !*ge || !strcmp(ge, "auto") ? 2 : !strcmp(ge, "on");
 #line 185 "templates/host.lua"
     d->use90 = major == 9;
-#line 190 "templates/host.lua"
+#line 189 "templates/host.lua"
+    if (!d->use90) /* the sm_80 kernels' moe_pdl_begin is empty: they never launch with overlap (the runtime's rule) */
+        d->pdl = 0;
+#line 192 "templates/host.lua"
     if (d->use90 && (e = deepseek_v3_ep8_mesh_encoder(&d->encode)) != cudaSuccess)
         return e;
-#line 203 "templates/host.lua"
+#line 205 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(deepseek_v3_ep8_mesh_route_bf16_e256k8_t32k64s2, cudaFuncAttributeMaxDynamicSharedMemorySize, 82944)) != cudaSuccess) return e;
-#line 203 "templates/host.lua"
+#line 205 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(deepseek_v3_ep8_mesh_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s3c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 147504)) != cudaSuccess) return e;
-#line 203 "templates/host.lua"
+#line 205 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(deepseek_v3_ep8_mesh_gemm_down_bf16_sm90a_tma_m128n256k64s3c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 147504)) != cudaSuccess) return e;
-#line 203 "templates/host.lua"
+#line 205 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(deepseek_v3_ep8_mesh_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 81920)) != cudaSuccess) return e;
-#line 203 "templates/host.lua"
+#line 205 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(deepseek_v3_ep8_mesh_gemm_down_bf16_m128n128k32s4w2x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 81920)) != cudaSuccess) return e;
-#line 207 "templates/host.lua"
+#line 209 "templates/host.lua"
     return cudaSuccess;
 }
 
@@ -3420,53 +3423,53 @@ static deepseek_v3_ep8_mesh_device_t *deepseek_v3_ep8_mesh_device(cudaError_t *e
 }
 
 extern "C" cudaError_t deepseek_v3_ep8_mesh_forward(const deepseek_v3_ep8_mesh_args_t *a, cudaStream_t stream) {
-#line 272 "templates/host.lua"
+#line 274 "templates/host.lua"
     /* mesh.ep = 8: the expert-parallel forward runs through libmoegen (moe_forward
      * with a NCCL communicator); this single-device launcher refuses it. */
     (void)a, (void)stream;
     return cudaErrorNotSupported;
-#line 277 "templates/host.lua"
+#line 279 "templates/host.lua"
     if (!a || a->tokens < 0 || a->tokens > deepseek_v3_ep8_mesh_MAX_TOKENS)
         return cudaErrorInvalidValue;
     if (a->tokens == 0) /* an empty batch: nothing to enqueue, y untouched */
         return cudaSuccess;
-#line 285 "templates/host.lua"
+#line 287 "templates/host.lua"
     if (!a->x || !a->router_w || !a->w1p || !a->w2 || !a->y || !a->workspace)
         return cudaErrorInvalidValue;
-#line 288 "templates/host.lua"
+#line 290 "templates/host.lua"
     /* rows moved 16 bytes at a time: x and y 16-byte aligned, the workspace 256 (as moe_forward checks) */
     if ((uintptr_t)a->x % 16 || (uintptr_t)a->y % 16 || (uintptr_t)a->workspace % 256)
         return cudaErrorInvalidValue;
-#line 301 "templates/host.lua"
+#line 303 "templates/host.lua"
     if (!a->router_bias) return cudaErrorInvalidValue;
-#line 315 "templates/host.lua"
+#line 317 "templates/host.lua"
     const int T = a->tokens;
     char *ws = (char *)a->workspace;
-#line 324 "templates/host.lua"
+#line 326 "templates/host.lua"
     int *counts = (int *)(ws + 0);
-#line 324 "templates/host.lua"
+#line 326 "templates/host.lua"
     int *offsets = (int *)(ws + 1536);
-#line 324 "templates/host.lua"
+#line 326 "templates/host.lua"
     int *cursor = (int *)(ws + 2816);
-#line 324 "templates/host.lua"
+#line 326 "templates/host.lua"
     int *num_tiles = (int *)(ws + 3840);
-#line 324 "templates/host.lua"
+#line 326 "templates/host.lua"
     moe_tile_t *tiles = (moe_tile_t *)(ws + 4096);
-#line 324 "templates/host.lua"
+#line 326 "templates/host.lua"
     int *topk_idx = (int *)(ws + 12288);
-#line 324 "templates/host.lua"
+#line 326 "templates/host.lua"
     float *topk_w = (float *)(ws + 143360);
-#line 324 "templates/host.lua"
+#line 326 "templates/host.lua"
     int *row_of = (int *)(ws + 274432);
-#line 324 "templates/host.lua"
+#line 326 "templates/host.lua"
     moe_half_t *xs = (moe_half_t *)(ws + 405504);
-#line 324 "templates/host.lua"
+#line 326 "templates/host.lua"
     moe_half_t *hbuf = (moe_half_t *)(ws + 936259584);
-#line 324 "templates/host.lua"
+#line 326 "templates/host.lua"
     float *route_part = (float *)(ws + 1203646464);
-#line 328 "templates/host.lua"
+#line 330 "templates/host.lua"
     const long long tiles_y = deepseek_v3_ep8_mesh_max_tiles(T);
-#line 335 "templates/host.lua"
+#line 337 "templates/host.lua"
     cudaError_t e;
     const deepseek_v3_ep8_mesh_device_t *dev = deepseek_v3_ep8_mesh_device(&e);
     if (!dev)
@@ -3475,7 +3478,7 @@ extern "C" cudaError_t deepseek_v3_ep8_mesh_forward(const deepseek_v3_ep8_mesh_a
     const bool pdl = dev->pdl == 1 || (dev->pdl == 2 && false);
     e = cudaMemsetAsync(counts, 0, 1288, stream);
     if (e != cudaSuccess) return e;
-#line 344 "templates/host.lua"
+#line 346 "templates/host.lua"
     /* calls of few tokens: the permute plan (and the scatter) in route's last block (moe_route_fuse_mode) */
     moe_route_fuse_t fz = {0, 128, dev->slot_of, offsets, cursor, tiles, num_tiles, xs, row_of};
     if (dev->route_fuse)
@@ -3483,42 +3486,42 @@ extern "C" cudaError_t deepseek_v3_ep8_mesh_forward(const deepseek_v3_ep8_mesh_a
     deepseek_v3_ep8_mesh_launch(pdl, deepseek_v3_ep8_mesh_route_bf16_e256k8_t32k64s2, dim3(moe_blocks(T, 32), moe_route_split(T, 32, 7168)), 256, 82944, stream,
         (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,
         counts, route_part, fz);
-#line 352 "templates/host.lua"
+#line 354 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_PLAN)
         deepseek_v3_ep8_mesh_launch(pdl, deepseek_v3_ep8_mesh_permute_plan_e256_a128, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 384 "templates/host.lua"
+#line 386 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_SCATTER)
         deepseek_v3_ep8_mesh_launch(pdl, deepseek_v3_ep8_mesh_permute_scatter_bf16_h7168k8, dim3(moe_blocks(T, 8)), 256, 0, stream, (const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
-#line 466 "templates/host.lua"
+#line 468 "templates/host.lua"
     /* few tokens: a gemv down GEMM writes y itself (moe_combine_fuse_tokens) */
     const int cfuse = dev->combine_fuse && moe_combine_fuse_tokens(T);
     int combined = 0;
     (void)cfuse;
-#line 433 "templates/host.lua"
+#line 435 "templates/host.lua"
     if (dev->use90) {
-#line 438 "templates/host.lua"
+#line 440 "templates/host.lua"
     moe_tmap_t ma, mb;
-#line 392 "templates/host.lua"
+#line 394 "templates/host.lua"
     if ((e = deepseek_v3_ep8_mesh_tmap(dev->encode, &ma, xs, tiles_y * 128, 7168, 128)) != cudaSuccess ||
         (e = deepseek_v3_ep8_mesh_tmap(dev->encode, &mb, a->w1p, 1048576LL, 7168, 256)) != cudaSuccess)
         return e;
-#line 406 "templates/host.lua"
+#line 408 "templates/host.lua"
     deepseek_v3_ep8_mesh_launch(pdl, deepseek_v3_ep8_mesh_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s3c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 16, 0, 0, 0)), 384, 147504, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 392 "templates/host.lua"
+#line 394 "templates/host.lua"
     if ((e = deepseek_v3_ep8_mesh_tmap(dev->encode, &ma, hbuf, tiles_y * 128, 2048, 128)) != cudaSuccess ||
         (e = deepseek_v3_ep8_mesh_tmap(dev->encode, &mb, a->w2, 1835008LL, 2048, 256)) != cudaSuccess)
         return e;
-#line 406 "templates/host.lua"
+#line 408 "templates/host.lua"
     deepseek_v3_ep8_mesh_launch(pdl, deepseek_v3_ep8_mesh_gemm_down_bf16_sm90a_tma_m128n256k64s3c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 28, 0, 0, 0)), 384, 147504, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 456 "templates/host.lua"
+#line 458 "templates/host.lua"
     } else {
-#line 426 "templates/host.lua"
+#line 428 "templates/host.lua"
     deepseek_v3_ep8_mesh_launch(pdl, deepseek_v3_ep8_mesh_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8, dim3(32, (unsigned)tiles_y), 256, 81920, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 426 "templates/host.lua"
+#line 428 "templates/host.lua"
     deepseek_v3_ep8_mesh_launch(pdl, deepseek_v3_ep8_mesh_gemm_down_bf16_m128n128k32s4w2x4g8, dim3(56, (unsigned)tiles_y), 256, 81920, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 463 "templates/host.lua"
+#line 465 "templates/host.lua"
     }
-#line 489 "templates/host.lua"
+#line 491 "templates/host.lua"
     if (!combined)
         deepseek_v3_ep8_mesh_launch(pdl, deepseek_v3_ep8_mesh_combine_bf16_h7168k8, dim3(moe_blocks(T, 8), moe_combine_split(T, 7168)), 256, 0, stream, xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
@@ -3541,7 +3544,7 @@ extern "C" void deepseek_v3_ep8_mesh_pack_b1(const unsigned short *b1, unsigned 
             b1p[e * 2 * F + moe_pack_row(r, F)] = b1[e * 2 * F + r];
 }
 
-#line 512 "templates/host.lua"
+#line 514 "templates/host.lua"
 /* The device-side pack of one checkpoint tensor (the runtime's
  * moe_plan_pack_async; README.md, "Weight layouts"): slots first ..
  * first + count - 1 of packed tensor `tensor` (pack_geom.h's MOE_PACK_*)
@@ -3566,5 +3569,5 @@ extern "C" cudaError_t deepseek_v3_ep8_mesh_pack(int tensor, void *dst, const vo
         (const unsigned short *)(two ? src1 : src0), a, b, first, count);
     return cudaGetLastError();
 }
-#line 636 "templates/host.lua"
+#line 638 "templates/host.lua"
 #endif /* __CUDACC_RTC__ */

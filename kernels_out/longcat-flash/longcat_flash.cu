@@ -3494,7 +3494,7 @@ typedef struct {
                        permute_scatter always launched apart (moe_route_fuse_mode) */
     int pdl;        /* MOEGEN_PDL (read on the first call): 0 off, 1 on, 2 auto (unset): whether a forward's kernels
                        launch as programmatic dependents (longcat_flash_launch): every call's, or those of the calls whose
-                       variant's tuning entry says +pdl (longcat_flash_variant_pdl); 0 below compute capability 9.x */
+                       variant's tuning entry says +pdl (longcat_flash_variant_pdl); 0 without the sm_90a kernels (use90) */
     int combine_fuse; /* 1 with MOEGEN_COMBINE_FUSE=on (read on the first call): the combine folded into a gemv
                          down GEMM (moe_combine_fuse_tokens); else its own kernel */
     int gather;     /* MOEGEN_GATHER (read on the first call): 0 off, 1 on, 2 auto (unset): where the sm_90a up GEMM
@@ -3533,22 +3533,25 @@ static cudaError_t longcat_flash_device_init(longcat_flash_device_t *d, int dev)
     d->combine_fuse = 0; /* zero experts: a call may have no tile, and the folded combine runs in the tiles' CTAs */
 #line 185 "templates/host.lua"
     d->use90 = major == 9;
-#line 190 "templates/host.lua"
+#line 189 "templates/host.lua"
+    if (!d->use90) /* the sm_80 kernels' moe_pdl_begin is empty: they never launch with overlap (the runtime's rule) */
+        d->pdl = 0;
+#line 192 "templates/host.lua"
     if (d->use90 && (e = longcat_flash_encoder(&d->encode)) != cudaSuccess)
         return e;
-#line 203 "templates/host.lua"
+#line 205 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(longcat_flash_route_bf16_e512z256k12_t32k32s4, cudaFuncAttributeMaxDynamicSharedMemorySize, 150528)) != cudaSuccess) return e;
-#line 203 "templates/host.lua"
+#line 205 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(longcat_flash_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u2, cudaFuncAttributeMaxDynamicSharedMemorySize, 65536)) != cudaSuccess) return e;
-#line 203 "templates/host.lua"
+#line 205 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(longcat_flash_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 61440)) != cudaSuccess) return e;
-#line 203 "templates/host.lua"
+#line 205 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(longcat_flash_gemm_down_bf16_m64n128k32s4w2x2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 61440)) != cudaSuccess) return e;
-#line 203 "templates/host.lua"
+#line 205 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(longcat_flash_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 147552)) != cudaSuccess) return e;
-#line 203 "templates/host.lua"
+#line 205 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(longcat_flash_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 147552)) != cudaSuccess) return e;
-#line 207 "templates/host.lua"
+#line 209 "templates/host.lua"
     return cudaSuccess;
 }
 
@@ -3613,49 +3616,49 @@ static longcat_flash_device_t *longcat_flash_device(cudaError_t *err) {
 }
 
 extern "C" cudaError_t longcat_flash_forward(const longcat_flash_args_t *a, cudaStream_t stream) {
-#line 277 "templates/host.lua"
+#line 279 "templates/host.lua"
     if (!a || a->tokens < 0 || a->tokens > longcat_flash_MAX_TOKENS)
         return cudaErrorInvalidValue;
     if (a->tokens == 0) /* an empty batch: nothing to enqueue, y untouched */
         return cudaSuccess;
-#line 285 "templates/host.lua"
+#line 287 "templates/host.lua"
     if (!a->x || !a->router_w || !a->w1p || !a->w2 || !a->y || !a->workspace)
         return cudaErrorInvalidValue;
-#line 288 "templates/host.lua"
+#line 290 "templates/host.lua"
     /* rows moved 16 bytes at a time: x and y 16-byte aligned, the workspace 256 (as moe_forward checks) */
     if ((uintptr_t)a->x % 16 || (uintptr_t)a->y % 16 || (uintptr_t)a->workspace % 256)
         return cudaErrorInvalidValue;
-#line 301 "templates/host.lua"
+#line 303 "templates/host.lua"
     if (!a->router_bias) return cudaErrorInvalidValue;
-#line 315 "templates/host.lua"
+#line 317 "templates/host.lua"
     const int T = a->tokens;
     char *ws = (char *)a->workspace;
-#line 324 "templates/host.lua"
+#line 326 "templates/host.lua"
     int *counts = (int *)(ws + 0);
-#line 324 "templates/host.lua"
+#line 326 "templates/host.lua"
     int *offsets = (int *)(ws + 5632);
-#line 324 "templates/host.lua"
+#line 326 "templates/host.lua"
     int *cursor = (int *)(ws + 7936);
-#line 324 "templates/host.lua"
+#line 326 "templates/host.lua"
     int *num_tiles = (int *)(ws + 9984);
-#line 324 "templates/host.lua"
+#line 326 "templates/host.lua"
     moe_tile_t *tiles = (moe_tile_t *)(ws + 10240);
-#line 324 "templates/host.lua"
+#line 326 "templates/host.lua"
     int *topk_idx = (int *)(ws + 67584);
-#line 324 "templates/host.lua"
+#line 326 "templates/host.lua"
     float *topk_w = (float *)(ws + 854016);
-#line 324 "templates/host.lua"
+#line 326 "templates/host.lua"
     int *row_of = (int *)(ws + 1640448);
-#line 324 "templates/host.lua"
+#line 326 "templates/host.lua"
     moe_half_t *xs = (moe_half_t *)(ws + 2426880);
-#line 324 "templates/host.lua"
+#line 326 "templates/host.lua"
     moe_half_t *hbuf = (moe_half_t *)(ws + 3016034304);
-#line 324 "templates/host.lua"
+#line 326 "templates/host.lua"
     float *route_part = (float *)(ws + 3953461248);
-#line 330 "templates/host.lua"
+#line 332 "templates/host.lua"
     const int v = longcat_flash_variant(T);
     const long long tiles_y = longcat_flash_max_tiles(T, v);
-#line 335 "templates/host.lua"
+#line 337 "templates/host.lua"
     cudaError_t e;
     const longcat_flash_device_t *dev = longcat_flash_device(&e);
     if (!dev)
@@ -3664,7 +3667,7 @@ extern "C" cudaError_t longcat_flash_forward(const longcat_flash_args_t *a, cuda
     const bool pdl = dev->pdl == 1 || (dev->pdl == 2 && longcat_flash_variant_pdl[v]);
     e = cudaMemsetAsync(counts, 0, 5384, stream);
     if (e != cudaSuccess) return e;
-#line 344 "templates/host.lua"
+#line 346 "templates/host.lua"
     /* calls of few tokens: the permute plan (and the scatter) in route's last block (moe_route_fuse_mode) */
     moe_route_fuse_t fz = {0, longcat_flash_variant_align[v], dev->slot_of, offsets, cursor, tiles, num_tiles, xs, row_of};
     if (dev->route_fuse)
@@ -3672,67 +3675,67 @@ extern "C" cudaError_t longcat_flash_forward(const longcat_flash_args_t *a, cuda
     longcat_flash_launch(pdl, longcat_flash_route_bf16_e512z256k12_t32k32s4, dim3(moe_blocks(T, 32), moe_route_split(T, 32, 6144)), 256, 150528, stream,
         (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,
         counts, route_part, fz);
-#line 357 "templates/host.lua"
+#line 359 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 0)
         longcat_flash_launch(pdl, longcat_flash_permute_plan_e512_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 357 "templates/host.lua"
+#line 359 "templates/host.lua"
     else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 1)
         longcat_flash_launch(pdl, longcat_flash_permute_plan_e512_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 384 "templates/host.lua"
+#line 386 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_SCATTER)
         longcat_flash_launch(pdl, longcat_flash_permute_scatter_bf16_h6144k12_e512z256, dim3(moe_blocks(T, 8)), 256, 0, stream, (const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
-#line 466 "templates/host.lua"
+#line 468 "templates/host.lua"
     /* few tokens: a gemv down GEMM writes y itself (moe_combine_fuse_tokens) */
     const int cfuse = dev->combine_fuse && moe_combine_fuse_tokens(T);
     int combined = 0;
     (void)cfuse;
-#line 484 "templates/host.lua"
+#line 486 "templates/host.lua"
     if (v == 0) { /* calls of 1 .. 127 tokens */
-#line 433 "templates/host.lua"
+#line 435 "templates/host.lua"
         if (dev->use90) {
-#line 426 "templates/host.lua"
+#line 428 "templates/host.lua"
         longcat_flash_launch(pdl, longcat_flash_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u2, dim3(128, (unsigned)tiles_y), 256, 65536, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 417 "templates/host.lua"
+#line 419 "templates/host.lua"
         combined = cfuse;
-#line 426 "templates/host.lua"
+#line 428 "templates/host.lua"
         longcat_flash_launch(pdl, longcat_flash_gemm_down_bf16_sm90a_gemv_m64n32u2, dim3(192, (unsigned)tiles_y), 256, 32768, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs, row_of, topk_w, T, cfuse ? (moe_half_t *)a->y : (moe_half_t *)0, counts + 578);
-#line 456 "templates/host.lua"
+#line 458 "templates/host.lua"
         } else {
-#line 426 "templates/host.lua"
+#line 428 "templates/host.lua"
         longcat_flash_launch(pdl, longcat_flash_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(32, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 426 "templates/host.lua"
+#line 428 "templates/host.lua"
         longcat_flash_launch(pdl, longcat_flash_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(48, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 463 "templates/host.lua"
+#line 465 "templates/host.lua"
         }
-#line 484 "templates/host.lua"
+#line 486 "templates/host.lua"
     } else if (v == 1) { /* calls of 128 or more tokens */
-#line 433 "templates/host.lua"
+#line 435 "templates/host.lua"
         if (dev->use90) {
-#line 438 "templates/host.lua"
+#line 440 "templates/host.lua"
         moe_tmap_t ma, mb;
-#line 392 "templates/host.lua"
+#line 394 "templates/host.lua"
         if ((e = longcat_flash_tmap(dev->encode, &ma, xs, tiles_y * 64, 6144, 64)) != cudaSuccess ||
             (e = longcat_flash_tmap(dev->encode, &mb, a->w1p, 2097152LL, 6144, 128)) != cudaSuccess)
             return e;
-#line 406 "templates/host.lua"
+#line 408 "templates/host.lua"
         longcat_flash_launch(pdl, longcat_flash_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 32, 0, 0, 0)), 256, 147552, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 392 "templates/host.lua"
+#line 394 "templates/host.lua"
         if ((e = longcat_flash_tmap(dev->encode, &ma, hbuf, tiles_y * 64, 2048, 64)) != cudaSuccess ||
             (e = longcat_flash_tmap(dev->encode, &mb, a->w2, 3145728LL, 2048, 128)) != cudaSuccess)
             return e;
-#line 406 "templates/host.lua"
+#line 408 "templates/host.lua"
         longcat_flash_launch(pdl, longcat_flash_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 48, 0, 0, 0)), 256, 147552, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 456 "templates/host.lua"
+#line 458 "templates/host.lua"
         } else {
-#line 426 "templates/host.lua"
+#line 428 "templates/host.lua"
         longcat_flash_launch(pdl, longcat_flash_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(32, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 426 "templates/host.lua"
+#line 428 "templates/host.lua"
         longcat_flash_launch(pdl, longcat_flash_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(48, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 463 "templates/host.lua"
+#line 465 "templates/host.lua"
         }
-#line 487 "templates/host.lua"
-    }
 #line 489 "templates/host.lua"
+    }
+#line 491 "templates/host.lua"
     if (!combined)
         longcat_flash_launch(pdl, longcat_flash_combine_bf16_h6144k12, dim3(moe_blocks(T, 8), moe_combine_split(T, 6144)), 256, 0, stream, xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
@@ -3755,7 +3758,7 @@ extern "C" void longcat_flash_pack_b1(const unsigned short *b1, unsigned short *
             b1p[e * 2 * F + moe_pack_row(r, F)] = b1[e * 2 * F + r];
 }
 
-#line 512 "templates/host.lua"
+#line 514 "templates/host.lua"
 /* The device-side pack of one checkpoint tensor (the runtime's
  * moe_plan_pack_async; README.md, "Weight layouts"): slots first ..
  * first + count - 1 of packed tensor `tensor` (pack_geom.h's MOE_PACK_*)
@@ -3780,5 +3783,5 @@ extern "C" cudaError_t longcat_flash_pack(int tensor, void *dst, const void *src
         (const unsigned short *)(two ? src1 : src0), a, b, first, count);
     return cudaGetLastError();
 }
-#line 636 "templates/host.lua"
+#line 638 "templates/host.lua"
 #endif /* __CUDACC_RTC__ */

@@ -5189,7 +5189,7 @@ typedef struct {
                        permute_scatter always launched apart (moe_route_fuse_mode) */
     int pdl;        /* MOEGEN_PDL (read on the first call): 0 off, 1 on, 2 auto (unset): whether a forward's kernels
                        launch as programmatic dependents (qwen3_30b_a3b_launch): every call's, or those of the calls whose
-                       variant's tuning entry says +pdl (qwen3_30b_a3b_variant_pdl); 0 below compute capability 9.x */
+                       variant's tuning entry says +pdl (qwen3_30b_a3b_variant_pdl); 0 without the sm_90a kernels (use90) */
     int combine_fuse; /* 1 with MOEGEN_COMBINE_FUSE=on (read on the first call): the combine folded into a gemv
                          down GEMM (moe_combine_fuse_tokens); else its own kernel */
     int gather;     /* MOEGEN_GATHER (read on the first call): 0 off, 1 on, 2 auto (unset): where the sm_90a up GEMM
@@ -5226,24 +5226,27 @@ static cudaError_t qwen3_30b_a3b_device_init(qwen3_30b_a3b_device_t *d, int dev)
     d->gather = !ge || !*ge || !strcmp(ge, "auto") ? 2 : !strcmp(ge, "on");
 #line 185 "templates/host.lua"
     d->use90 = major == 9;
-#line 190 "templates/host.lua"
+#line 189 "templates/host.lua"
+    if (!d->use90) /* the sm_80 kernels' moe_pdl_begin is empty: they never launch with overlap (the runtime's rule) */
+        d->pdl = 0;
+#line 192 "templates/host.lua"
     if (d->use90 && (e = qwen3_30b_a3b_encoder(&d->encode)) != cudaSuccess)
         return e;
-#line 203 "templates/host.lua"
+#line 205 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(qwen3_30b_a3b_route_bf16_e128k8_t32k64s4, cudaFuncAttributeMaxDynamicSharedMemorySize, 92160)) != cudaSuccess) return e;
-#line 203 "templates/host.lua"
+#line 205 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(qwen3_30b_a3b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 61440)) != cudaSuccess) return e;
-#line 203 "templates/host.lua"
+#line 205 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(qwen3_30b_a3b_gemm_down_bf16_m64n128k32s4w2x2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 61440)) != cudaSuccess) return e;
-#line 203 "templates/host.lua"
+#line 205 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_gx, cudaFuncAttributeMaxDynamicSharedMemorySize, 198720)) != cudaSuccess) return e;
-#line 203 "templates/host.lua"
+#line 205 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(qwen3_30b_a3b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 198720)) != cudaSuccess) return e;
-#line 203 "templates/host.lua"
+#line 205 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_gx, cudaFuncAttributeMaxDynamicSharedMemorySize, 198720)) != cudaSuccess) return e;
-#line 203 "templates/host.lua"
+#line 205 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(qwen3_30b_a3b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16, cudaFuncAttributeMaxDynamicSharedMemorySize, 198720)) != cudaSuccess) return e;
-#line 207 "templates/host.lua"
+#line 209 "templates/host.lua"
     return cudaSuccess;
 }
 
@@ -5308,49 +5311,49 @@ static qwen3_30b_a3b_device_t *qwen3_30b_a3b_device(cudaError_t *err) {
 }
 
 extern "C" cudaError_t qwen3_30b_a3b_forward(const qwen3_30b_a3b_args_t *a, cudaStream_t stream) {
-#line 277 "templates/host.lua"
+#line 279 "templates/host.lua"
     if (!a || a->tokens < 0 || a->tokens > qwen3_30b_a3b_MAX_TOKENS)
         return cudaErrorInvalidValue;
     if (a->tokens == 0) /* an empty batch: nothing to enqueue, y untouched */
         return cudaSuccess;
-#line 285 "templates/host.lua"
+#line 287 "templates/host.lua"
     if (!a->x || !a->router_w || !a->w1p || !a->w2 || !a->y || !a->workspace)
         return cudaErrorInvalidValue;
-#line 288 "templates/host.lua"
+#line 290 "templates/host.lua"
     /* rows moved 16 bytes at a time: x and y 16-byte aligned, the workspace 256 (as moe_forward checks) */
     if ((uintptr_t)a->x % 16 || (uintptr_t)a->y % 16 || (uintptr_t)a->workspace % 256)
         return cudaErrorInvalidValue;
-#line 315 "templates/host.lua"
+#line 317 "templates/host.lua"
     const int T = a->tokens;
     char *ws = (char *)a->workspace;
-#line 324 "templates/host.lua"
+#line 326 "templates/host.lua"
     int *counts = (int *)(ws + 0);
-#line 324 "templates/host.lua"
+#line 326 "templates/host.lua"
     int *offsets = (int *)(ws + 2048);
-#line 324 "templates/host.lua"
+#line 326 "templates/host.lua"
     int *cursor = (int *)(ws + 2816);
-#line 324 "templates/host.lua"
+#line 326 "templates/host.lua"
     int *num_tiles = (int *)(ws + 3328);
-#line 324 "templates/host.lua"
+#line 326 "templates/host.lua"
     moe_tile_t *tiles = (moe_tile_t *)(ws + 3584);
-#line 324 "templates/host.lua"
+#line 326 "templates/host.lua"
     int *topk_idx = (int *)(ws + 38400);
-#line 324 "templates/host.lua"
+#line 326 "templates/host.lua"
     float *topk_w = (float *)(ws + 562688);
-#line 324 "templates/host.lua"
+#line 326 "templates/host.lua"
     int *row_of = (int *)(ws + 1086976);
-#line 324 "templates/host.lua"
+#line 326 "templates/host.lua"
     moe_half_t *xs = (moe_half_t *)(ws + 1611264);
-#line 324 "templates/host.lua"
+#line 326 "templates/host.lua"
     moe_half_t *hbuf = (moe_half_t *)(ws + 571512320);
-#line 324 "templates/host.lua"
+#line 326 "templates/host.lua"
     float *route_part = (float *)(ws + 785225216);
-#line 324 "templates/host.lua"
+#line 326 "templates/host.lua"
     int *src_of = (int *)(ws + 787322368);
-#line 330 "templates/host.lua"
+#line 332 "templates/host.lua"
     const int v = qwen3_30b_a3b_variant(T);
     const long long tiles_y = qwen3_30b_a3b_max_tiles(T, v);
-#line 335 "templates/host.lua"
+#line 337 "templates/host.lua"
     cudaError_t e;
     const qwen3_30b_a3b_device_t *dev = qwen3_30b_a3b_device(&e);
     if (!dev)
@@ -5359,7 +5362,7 @@ extern "C" cudaError_t qwen3_30b_a3b_forward(const qwen3_30b_a3b_args_t *a, cuda
     const bool pdl = dev->pdl == 1 || (dev->pdl == 2 && qwen3_30b_a3b_variant_pdl[v]);
     e = cudaMemsetAsync(counts, 0, 1800, stream);
     if (e != cudaSuccess) return e;
-#line 344 "templates/host.lua"
+#line 346 "templates/host.lua"
     /* calls of few tokens: the permute plan (and the scatter) in route's last block (moe_route_fuse_mode) */
     moe_route_fuse_t fz = {0, qwen3_30b_a3b_variant_align[v], dev->slot_of, offsets, cursor, tiles, num_tiles, xs, row_of};
     if (dev->route_fuse)
@@ -5367,127 +5370,127 @@ extern "C" cudaError_t qwen3_30b_a3b_forward(const qwen3_30b_a3b_args_t *a, cuda
     qwen3_30b_a3b_launch(pdl, qwen3_30b_a3b_route_bf16_e128k8_t32k64s4, dim3(moe_blocks(T, 32), moe_route_split(T, 32, 2048)), 256, 92160, stream,
         (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,
         counts, route_part, fz);
-#line 357 "templates/host.lua"
+#line 359 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 0)
         qwen3_30b_a3b_launch(pdl, qwen3_30b_a3b_permute_plan_e128_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 357 "templates/host.lua"
+#line 359 "templates/host.lua"
     else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 1)
         qwen3_30b_a3b_launch(pdl, qwen3_30b_a3b_permute_plan_e128_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 357 "templates/host.lua"
+#line 359 "templates/host.lua"
     else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 2)
         qwen3_30b_a3b_launch(pdl, qwen3_30b_a3b_permute_plan_e128_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 357 "templates/host.lua"
+#line 359 "templates/host.lua"
     else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 3)
         qwen3_30b_a3b_launch(pdl, qwen3_30b_a3b_permute_plan_e128_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 364 "templates/host.lua"
+#line 366 "templates/host.lua"
     /* the sm_90a TMA up GEMMs gather their rows from x (docs/DESIGN.md, "The gathered up GEMM"): then the scatter
      * writes src_of and no rows; not when route scatters, nor for a gemv-grid (or sm_80) up GEMM; MOEGEN_GATHER as
      * libmoegen reads it (auto: at the sizes moe_gather_tokens allows) */
     int *gsrc = (int *)0;
     (void)src_of;
-#line 377 "templates/host.lua"
+#line 379 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_SCATTER && dev->use90 && dev->gather && (v == 2 || v == 3) &&
         (dev->gather == 1 || moe_gather_tokens(T, 8, 128, 768)))
         gsrc = src_of;
-#line 381 "templates/host.lua"
+#line 383 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_SCATTER)
         qwen3_30b_a3b_launch(pdl, qwen3_30b_a3b_permute_scatter_bf16_h2048k8_gx, dim3(moe_blocks(T, 8)), 256, 0, stream, (const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of, gsrc);
-#line 466 "templates/host.lua"
+#line 468 "templates/host.lua"
     /* few tokens: a gemv down GEMM writes y itself (moe_combine_fuse_tokens) */
     const int cfuse = dev->combine_fuse && moe_combine_fuse_tokens(T);
     int combined = 0;
     (void)cfuse;
-#line 484 "templates/host.lua"
+#line 486 "templates/host.lua"
     if (v == 0) { /* calls of 1 .. 7 tokens */
-#line 433 "templates/host.lua"
+#line 435 "templates/host.lua"
         if (dev->use90) {
-#line 426 "templates/host.lua"
+#line 428 "templates/host.lua"
         qwen3_30b_a3b_launch(pdl, qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_gemv3_m64n32u2, dim3(48, (unsigned)tiles_y), 256, 8192, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 417 "templates/host.lua"
+#line 419 "templates/host.lua"
         combined = cfuse;
-#line 426 "templates/host.lua"
+#line 428 "templates/host.lua"
         qwen3_30b_a3b_launch(pdl, qwen3_30b_a3b_gemm_down_bf16_sm90a_gemv3_m64n32u2, dim3(64, (unsigned)tiles_y), 256, 3072, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs, row_of, topk_w, T, cfuse ? (moe_half_t *)a->y : (moe_half_t *)0, counts + 194);
-#line 456 "templates/host.lua"
+#line 458 "templates/host.lua"
         } else {
-#line 426 "templates/host.lua"
+#line 428 "templates/host.lua"
         qwen3_30b_a3b_launch(pdl, qwen3_30b_a3b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(12, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 426 "templates/host.lua"
+#line 428 "templates/host.lua"
         qwen3_30b_a3b_launch(pdl, qwen3_30b_a3b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(16, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 463 "templates/host.lua"
+#line 465 "templates/host.lua"
         }
-#line 484 "templates/host.lua"
+#line 486 "templates/host.lua"
     } else if (v == 1) { /* calls of 8 .. 47 tokens */
-#line 433 "templates/host.lua"
+#line 435 "templates/host.lua"
         if (dev->use90) {
-#line 426 "templates/host.lua"
+#line 428 "templates/host.lua"
         qwen3_30b_a3b_launch(pdl, qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u2, dim3(48, (unsigned)tiles_y), 256, 32768, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 417 "templates/host.lua"
+#line 419 "templates/host.lua"
         combined = cfuse;
-#line 426 "templates/host.lua"
+#line 428 "templates/host.lua"
         qwen3_30b_a3b_launch(pdl, qwen3_30b_a3b_gemm_down_bf16_sm90a_gemv_m64n32u2, dim3(64, (unsigned)tiles_y), 256, 12288, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs, row_of, topk_w, T, cfuse ? (moe_half_t *)a->y : (moe_half_t *)0, counts + 194);
-#line 456 "templates/host.lua"
+#line 458 "templates/host.lua"
         } else {
-#line 426 "templates/host.lua"
+#line 428 "templates/host.lua"
         qwen3_30b_a3b_launch(pdl, qwen3_30b_a3b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(12, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 426 "templates/host.lua"
+#line 428 "templates/host.lua"
         qwen3_30b_a3b_launch(pdl, qwen3_30b_a3b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(16, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 463 "templates/host.lua"
+#line 465 "templates/host.lua"
         }
-#line 484 "templates/host.lua"
+#line 486 "templates/host.lua"
     } else if (v == 2) { /* calls of 48 .. 4095 tokens */
-#line 433 "templates/host.lua"
+#line 435 "templates/host.lua"
         if (dev->use90) {
-#line 438 "templates/host.lua"
+#line 440 "templates/host.lua"
         moe_tmap_t ma, mb;
-#line 392 "templates/host.lua"
+#line 394 "templates/host.lua"
         if ((e = qwen3_30b_a3b_tmap(dev->encode, &ma, xs, tiles_y * 64, 2048, 64)) != cudaSuccess ||
             (e = qwen3_30b_a3b_tmap(dev->encode, &mb, a->w1p, 196608LL, 2048, 256)) != cudaSuccess)
             return e;
-#line 406 "templates/host.lua"
+#line 408 "templates/host.lua"
         qwen3_30b_a3b_launch(pdl, qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_gx, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 6, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf, (const moe_half_t *)a->x, (const int *)gsrc);
-#line 392 "templates/host.lua"
+#line 394 "templates/host.lua"
         if ((e = qwen3_30b_a3b_tmap(dev->encode, &ma, hbuf, tiles_y * 64, 768, 64)) != cudaSuccess ||
             (e = qwen3_30b_a3b_tmap(dev->encode, &mb, a->w2, 262144LL, 768, 256)) != cudaSuccess)
             return e;
-#line 406 "templates/host.lua"
+#line 408 "templates/host.lua"
         qwen3_30b_a3b_launch(pdl, qwen3_30b_a3b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 8, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 456 "templates/host.lua"
+#line 458 "templates/host.lua"
         } else {
-#line 426 "templates/host.lua"
+#line 428 "templates/host.lua"
         qwen3_30b_a3b_launch(pdl, qwen3_30b_a3b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(12, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 426 "templates/host.lua"
+#line 428 "templates/host.lua"
         qwen3_30b_a3b_launch(pdl, qwen3_30b_a3b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(16, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 463 "templates/host.lua"
+#line 465 "templates/host.lua"
         }
-#line 484 "templates/host.lua"
+#line 486 "templates/host.lua"
     } else if (v == 3) { /* calls of 4096 or more tokens */
-#line 433 "templates/host.lua"
+#line 435 "templates/host.lua"
         if (dev->use90) {
-#line 438 "templates/host.lua"
+#line 440 "templates/host.lua"
         moe_tmap_t ma, mb;
-#line 392 "templates/host.lua"
+#line 394 "templates/host.lua"
         if ((e = qwen3_30b_a3b_tmap(dev->encode, &ma, xs, tiles_y * 64, 2048, 64)) != cudaSuccess ||
             (e = qwen3_30b_a3b_tmap(dev->encode, &mb, a->w1p, 196608LL, 2048, 256)) != cudaSuccess)
             return e;
-#line 406 "templates/host.lua"
+#line 408 "templates/host.lua"
         qwen3_30b_a3b_launch(pdl, qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_gx, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 6, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf, (const moe_half_t *)a->x, (const int *)gsrc);
-#line 392 "templates/host.lua"
+#line 394 "templates/host.lua"
         if ((e = qwen3_30b_a3b_tmap(dev->encode, &ma, hbuf, tiles_y * 64, 768, 64)) != cudaSuccess ||
             (e = qwen3_30b_a3b_tmap(dev->encode, &mb, a->w2, 262144LL, 768, 256)) != cudaSuccess)
             return e;
-#line 406 "templates/host.lua"
+#line 408 "templates/host.lua"
         qwen3_30b_a3b_launch(pdl, qwen3_30b_a3b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 8, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 456 "templates/host.lua"
+#line 458 "templates/host.lua"
         } else {
-#line 426 "templates/host.lua"
+#line 428 "templates/host.lua"
         qwen3_30b_a3b_launch(pdl, qwen3_30b_a3b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(12, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 426 "templates/host.lua"
+#line 428 "templates/host.lua"
         qwen3_30b_a3b_launch(pdl, qwen3_30b_a3b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(16, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 463 "templates/host.lua"
+#line 465 "templates/host.lua"
         }
-#line 487 "templates/host.lua"
-    }
 #line 489 "templates/host.lua"
+    }
+#line 491 "templates/host.lua"
     if (!combined)
         qwen3_30b_a3b_launch(pdl, qwen3_30b_a3b_combine_bf16_h2048k8, dim3(moe_blocks(T, 8), moe_combine_split(T, 2048)), 256, 0, stream, xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
@@ -5510,7 +5513,7 @@ extern "C" void qwen3_30b_a3b_pack_b1(const unsigned short *b1, unsigned short *
             b1p[e * 2 * F + moe_pack_row(r, F)] = b1[e * 2 * F + r];
 }
 
-#line 512 "templates/host.lua"
+#line 514 "templates/host.lua"
 /* The device-side pack of one checkpoint tensor (the runtime's
  * moe_plan_pack_async; README.md, "Weight layouts"): slots first ..
  * first + count - 1 of packed tensor `tensor` (pack_geom.h's MOE_PACK_*)
@@ -5535,5 +5538,5 @@ extern "C" cudaError_t qwen3_30b_a3b_pack(int tensor, void *dst, const void *src
         (const unsigned short *)(two ? src1 : src0), a, b, first, count);
     return cudaGetLastError();
 }
-#line 636 "templates/host.lua"
+#line 638 "templates/host.lua"
 #endif /* __CUDACC_RTC__ */

@@ -3115,7 +3115,7 @@ typedef struct {
                        permute_scatter always launched apart (moe_route_fuse_mode) */
     int pdl;        /* MOEGEN_PDL (read on the first call): 0 off, 1 on, 2 auto (unset): whether a forward's kernels
                        launch as programmatic dependents (small_launch): every call's, or those of the calls whose
-                       variant's tuning entry says +pdl (small_variant_pdl); 0 below compute capability 9.x */
+                       variant's tuning entry says +pdl (small_variant_pdl); 0 without the sm_90a kernels (use90) */
     int combine_fuse; /* 1 with MOEGEN_COMBINE_FUSE=on (read on the first call): the combine folded into a gemv
                          down GEMM (moe_combine_fuse_tokens); else its own kernel */
     int gather;     /* MOEGEN_GATHER (read on the first call): 0 off, 1 on, 2 auto (unset): where the sm_90a up GEMM
@@ -3152,20 +3152,23 @@ static cudaError_t small_device_init(small_device_t *d, int dev) {
     d->gather = !ge || !*ge || !strcmp(ge, "auto") ? 2 : !strcmp(ge, "on");
 #line 185 "templates/host.lua"
     d->use90 = major == 9;
-#line 190 "templates/host.lua"
+#line 189 "templates/host.lua"
+    if (!d->use90) /* the sm_80 kernels' moe_pdl_begin is empty: they never launch with overlap (the runtime's rule) */
+        d->pdl = 0;
+#line 192 "templates/host.lua"
     if (d->use90 && (e = small_encoder(&d->encode)) != cudaSuccess)
         return e;
-#line 203 "templates/host.lua"
+#line 205 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(small_route_bf16_e12k3_t32k128s6, cudaFuncAttributeMaxDynamicSharedMemorySize, 78336)) != cudaSuccess) return e;
-#line 203 "templates/host.lua"
+#line 205 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(small_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8_gx, cudaFuncAttributeMaxDynamicSharedMemorySize, 196672)) != cudaSuccess) return e;
-#line 203 "templates/host.lua"
+#line 205 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(small_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 196672)) != cudaSuccess) return e;
-#line 203 "templates/host.lua"
+#line 205 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(small_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 81920)) != cudaSuccess) return e;
-#line 203 "templates/host.lua"
+#line 205 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(small_gemm_down_bf16_m128n128k32s4w2x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 81920)) != cudaSuccess) return e;
-#line 207 "templates/host.lua"
+#line 209 "templates/host.lua"
     return cudaSuccess;
 }
 
@@ -3230,48 +3233,48 @@ static small_device_t *small_device(cudaError_t *err) {
 }
 
 extern "C" cudaError_t small_forward(const small_args_t *a, cudaStream_t stream) {
-#line 277 "templates/host.lua"
+#line 279 "templates/host.lua"
     if (!a || a->tokens < 0 || a->tokens > small_MAX_TOKENS)
         return cudaErrorInvalidValue;
     if (a->tokens == 0) /* an empty batch: nothing to enqueue, y untouched */
         return cudaSuccess;
-#line 285 "templates/host.lua"
+#line 287 "templates/host.lua"
     if (!a->x || !a->router_w || !a->w1p || !a->w2 || !a->y || !a->workspace)
         return cudaErrorInvalidValue;
-#line 288 "templates/host.lua"
+#line 290 "templates/host.lua"
     /* rows moved 16 bytes at a time: x and y 16-byte aligned, the workspace 256 (as moe_forward checks) */
     if ((uintptr_t)a->x % 16 || (uintptr_t)a->y % 16 || (uintptr_t)a->workspace % 256)
         return cudaErrorInvalidValue;
-#line 315 "templates/host.lua"
+#line 317 "templates/host.lua"
     const int T = a->tokens;
     char *ws = (char *)a->workspace;
-#line 324 "templates/host.lua"
+#line 326 "templates/host.lua"
     int *counts = (int *)(ws + 0);
-#line 324 "templates/host.lua"
+#line 326 "templates/host.lua"
     int *offsets = (int *)(ws + 512);
-#line 324 "templates/host.lua"
+#line 326 "templates/host.lua"
     int *cursor = (int *)(ws + 768);
-#line 324 "templates/host.lua"
+#line 326 "templates/host.lua"
     int *num_tiles = (int *)(ws + 1024);
-#line 324 "templates/host.lua"
+#line 326 "templates/host.lua"
     moe_tile_t *tiles = (moe_tile_t *)(ws + 1280);
-#line 324 "templates/host.lua"
+#line 326 "templates/host.lua"
     int *topk_idx = (int *)(ws + 1792);
-#line 324 "templates/host.lua"
+#line 326 "templates/host.lua"
     float *topk_w = (float *)(ws + 7936);
-#line 324 "templates/host.lua"
+#line 326 "templates/host.lua"
     int *row_of = (int *)(ws + 14080);
-#line 324 "templates/host.lua"
+#line 326 "templates/host.lua"
     moe_half_t *xs = (moe_half_t *)(ws + 20224);
-#line 324 "templates/host.lua"
+#line 326 "templates/host.lua"
     moe_half_t *hbuf = (moe_half_t *)(ws + 9420544);
-#line 324 "templates/host.lua"
+#line 326 "templates/host.lua"
     float *route_part = (float *)(ws + 13337344);
-#line 324 "templates/host.lua"
+#line 326 "templates/host.lua"
     int *src_of = (int *)(ws + 13533952);
-#line 328 "templates/host.lua"
+#line 330 "templates/host.lua"
     const long long tiles_y = small_max_tiles(T);
-#line 335 "templates/host.lua"
+#line 337 "templates/host.lua"
     cudaError_t e;
     const small_device_t *dev = small_device(&e);
     if (!dev)
@@ -3280,7 +3283,7 @@ extern "C" cudaError_t small_forward(const small_args_t *a, cudaStream_t stream)
     const bool pdl = dev->pdl == 1 || (dev->pdl == 2 && false);
     e = cudaMemsetAsync(counts, 0, 312, stream);
     if (e != cudaSuccess) return e;
-#line 344 "templates/host.lua"
+#line 346 "templates/host.lua"
     /* calls of few tokens: the permute plan (and the scatter) in route's last block (moe_route_fuse_mode) */
     moe_route_fuse_t fz = {0, 128, dev->slot_of, offsets, cursor, tiles, num_tiles, xs, row_of};
     if (dev->route_fuse)
@@ -3288,52 +3291,52 @@ extern "C" cudaError_t small_forward(const small_args_t *a, cudaStream_t stream)
     small_launch(pdl, small_route_bf16_e12k3_t32k128s6, dim3(moe_blocks(T, 32), moe_route_split(T, 32, 1536)), 256, 78336, stream,
         (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,
         counts, route_part, fz);
-#line 352 "templates/host.lua"
+#line 354 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_PLAN)
         small_launch(pdl, small_permute_plan_e12_a128, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 364 "templates/host.lua"
+#line 366 "templates/host.lua"
     /* the sm_90a TMA up GEMMs gather their rows from x (docs/DESIGN.md, "The gathered up GEMM"): then the scatter
      * writes src_of and no rows; not when route scatters, nor for a gemv-grid (or sm_80) up GEMM; MOEGEN_GATHER as
      * libmoegen reads it (auto: at the sizes moe_gather_tokens allows) */
     int *gsrc = (int *)0;
     (void)src_of;
-#line 377 "templates/host.lua"
+#line 379 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_SCATTER && dev->use90 && dev->gather && (1) &&
         (dev->gather == 1 || moe_gather_tokens(T, 3, 12, 640)))
         gsrc = src_of;
-#line 381 "templates/host.lua"
+#line 383 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_SCATTER)
         small_launch(pdl, small_permute_scatter_bf16_h1536k3_gx, dim3(moe_blocks(T, 8)), 256, 0, stream, (const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of, gsrc);
-#line 466 "templates/host.lua"
+#line 468 "templates/host.lua"
     /* few tokens: a gemv down GEMM writes y itself (moe_combine_fuse_tokens) */
     const int cfuse = dev->combine_fuse && moe_combine_fuse_tokens(T);
     int combined = 0;
     (void)cfuse;
-#line 433 "templates/host.lua"
+#line 435 "templates/host.lua"
     if (dev->use90) {
-#line 438 "templates/host.lua"
+#line 440 "templates/host.lua"
     moe_tmap_t ma, mb;
-#line 392 "templates/host.lua"
+#line 394 "templates/host.lua"
     if ((e = small_tmap(dev->encode, &ma, xs, tiles_y * 128, 1536, 128)) != cudaSuccess ||
         (e = small_tmap(dev->encode, &mb, a->w1p, 15360LL, 1536, 256)) != cudaSuccess)
         return e;
-#line 406 "templates/host.lua"
+#line 408 "templates/host.lua"
     small_launch(pdl, small_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8_gx, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 5, 0, 0, 0)), 384, 196672, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf, (const moe_half_t *)a->x, (const int *)gsrc);
-#line 392 "templates/host.lua"
+#line 394 "templates/host.lua"
     if ((e = small_tmap(dev->encode, &ma, hbuf, tiles_y * 128, 640, 128)) != cudaSuccess ||
         (e = small_tmap(dev->encode, &mb, a->w2, 18432LL, 640, 256)) != cudaSuccess)
         return e;
-#line 406 "templates/host.lua"
+#line 408 "templates/host.lua"
     small_launch(pdl, small_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 6, 0, 0, 0)), 384, 196672, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 456 "templates/host.lua"
+#line 458 "templates/host.lua"
     } else {
-#line 426 "templates/host.lua"
+#line 428 "templates/host.lua"
     small_launch(pdl, small_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8, dim3(10, (unsigned)tiles_y), 256, 81920, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 426 "templates/host.lua"
+#line 428 "templates/host.lua"
     small_launch(pdl, small_gemm_down_bf16_m128n128k32s4w2x4g8, dim3(12, (unsigned)tiles_y), 256, 81920, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 463 "templates/host.lua"
+#line 465 "templates/host.lua"
     }
-#line 489 "templates/host.lua"
+#line 491 "templates/host.lua"
     if (!combined)
         small_launch(pdl, small_combine_bf16_h1536k3, dim3(moe_blocks(T, 8), moe_combine_split(T, 1536)), 256, 0, stream, xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
@@ -3356,7 +3359,7 @@ extern "C" void small_pack_b1(const unsigned short *b1, unsigned short *b1p) {
             b1p[e * 2 * F + moe_pack_row(r, F)] = b1[e * 2 * F + r];
 }
 
-#line 512 "templates/host.lua"
+#line 514 "templates/host.lua"
 /* The device-side pack of one checkpoint tensor (the runtime's
  * moe_plan_pack_async; README.md, "Weight layouts"): slots first ..
  * first + count - 1 of packed tensor `tensor` (pack_geom.h's MOE_PACK_*)
@@ -3381,5 +3384,5 @@ extern "C" cudaError_t small_pack(int tensor, void *dst, const void *src0, const
         (const unsigned short *)(two ? src1 : src0), a, b, first, count);
     return cudaGetLastError();
 }
-#line 636 "templates/host.lua"
+#line 638 "templates/host.lua"
 #endif /* __CUDACC_RTC__ */
