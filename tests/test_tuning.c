@@ -689,6 +689,8 @@ int main(void) {
         text = src.data ? src.data : "";
         CHECK(strstr(text, "mx_variant_pdl[3] = {true, false, true};") != NULL);
         CHECK(strstr(text, "const bool pdl = dev->pdl == 1 || (dev->pdl == 2 && mx_variant_pdl[v]);") != NULL);
+        /* never without the sm_90a kernels (their moe_pdl_begin waits; the sm_80 ones' is empty) */
+        CHECK(strstr(text, "    if (!d->use90) /* the sm_80 kernels' moe_pdl_begin is empty") != NULL);
         moe_buf_free(&src);
         CHECKF(moe_emit_files(&pd, NULL, &fs, &ed) == 0, "%s", ed.msg);
         man = NULL;
