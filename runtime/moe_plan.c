@@ -191,6 +191,16 @@ static moe_status env_switch(const char *var, int dflt, int *on) {
     return MOE_OK;
 }
 
+/* An off / on / auto switch from the environment into *mode: 0 off, 1 on, 2 auto (also empty or unset);
+ * anything else fails the plan, naming the variable. */
+static moe_status env_mode(const char *var, int *mode) {
+    const char *v = getenv(var);
+    if (v && *v && strcmp(v, "on") && strcmp(v, "off") && strcmp(v, "auto"))
+        return moe_fail(MOE_ERR_INVALID_ARG, "%s=%s: expected on, off or auto", var, v);
+    *mode = !v || !*v || !strcmp(v, "auto") ? 2 : !strcmp(v, "on");
+    return MOE_OK;
+}
+
 /* Spec -> plan tables, refusing what this runtime cannot run yet. The
  * GEMM tiles come from `table` when given, else from the option's table
  * file, else $MOEGEN_TUNING's, else the embedded one. */
@@ -241,22 +251,12 @@ static moe_status plan_tables(moe_plan *p, const char *path, const char *text, c
     /* the fused route (moe_plan_route_fuse): on unless MOEGEN_ROUTE_FUSE=off; the combine folded into a gemv
      * down GEMM: off unless MOEGEN_COMBINE_FUSE=on (slower on the H200 at every size timed: docs/PERF.md);
      * neither with a dispatch between ranks */
+    /* launch overlap (docs/DESIGN.md, "Launch overlap"): MOEGEN_PDL, auto the variants' tuning entries, sm_90a
+     * only (open_device); the gathered up GEMM (runtime/moe_forward.c): MOEGEN_GATHER */
     if ((rc = env_switch("MOEGEN_ROUTE_FUSE", 1, &p->route_fuse)) ||
-        (rc = env_switch("MOEGEN_COMBINE_FUSE", 0, &p->combine_fuse)))
+        (rc = env_switch("MOEGEN_COMBINE_FUSE", 0, &p->combine_fuse)) || (rc = env_mode("MOEGEN_PDL", &p->pdl)) ||
+        (rc = env_mode("MOEGEN_GATHER", &p->gather)))
         return rc;
-    { /* launch overlap (docs/DESIGN.md, "Launch overlap"): MOEGEN_PDL=off, on or auto (unset: auto, the variants'
-       * tuning entries); sm_90a only (open_device) */
-        const char *v = getenv("MOEGEN_PDL");
-        if (v && *v && strcmp(v, "on") && strcmp(v, "off") && strcmp(v, "auto"))
-            return moe_fail(MOE_ERR_INVALID_ARG, "MOEGEN_PDL=%s: expected on, off or auto", v);
-        p->pdl = !v || !*v || !strcmp(v, "auto") ? 2 : !strcmp(v, "on");
-    }
-    { /* the gathered up GEMM (runtime/moe_forward.c): MOEGEN_GATHER=off, on or auto (unset: auto) */
-        const char *g = getenv("MOEGEN_GATHER");
-        if (g && *g && strcmp(g, "on") && strcmp(g, "off") && strcmp(g, "auto"))
-            return moe_fail(MOE_ERR_INVALID_ARG, "MOEGEN_GATHER=%s: expected on, off or auto", g);
-        p->gather = !g || !*g || !strcmp(g, "auto") ? 2 : !strcmp(g, "on");
-    }
     p->route_fuse &= !p->ep->dispatch;
     /* nor with zero experts: a call whose entries all chose one has no tile, and the folded combine runs in
      * the CTAs of the tiles (docs/DESIGN.md, "Zero experts") */

@@ -4249,6 +4249,15 @@ typedef struct {
 static deepseek_v2_lite_device_t deepseek_v2_lite_devices[deepseek_v2_lite_MAX_DEVICES];
 static std::mutex deepseek_v2_lite_devices_lock;
 
+/* A switch from the environment, as the JIT runtime reads it: 0 off, 1 on, 2 auto (where `with_auto`), dflt
+ * when empty or unset; -1 for any other value. */
+static int deepseek_v2_lite_env_switch(const char *var, bool with_auto, int dflt) {
+    const char *v = getenv(var);
+    if (!v || !*v)
+        return dflt;
+    return !strcmp(v, "on") ? 1 : !strcmp(v, "off") ? 0 : with_auto && !strcmp(v, "auto") ? 2 : -1;
+}
+
 static cudaError_t deepseek_v2_lite_device_init(deepseek_v2_lite_device_t *d, int dev) {
     int major = 0;
     cudaError_t e;
@@ -4256,22 +4265,13 @@ static cudaError_t deepseek_v2_lite_device_init(deepseek_v2_lite_device_t *d, in
         (e = cudaDeviceGetAttribute(&d->sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess ||
         (e = cudaGetSymbolAddress((void **)&d->slot_of, deepseek_v2_lite_slot_table)) != cudaSuccess)
         return e;
-    const char *fe = getenv("MOEGEN_ROUTE_FUSE");
-    if (fe && *fe && strcmp(fe, "on") && strcmp(fe, "off"))
+    if ((d->route_fuse = deepseek_v2_lite_env_switch("MOEGEN_ROUTE_FUSE", false, 1)) < 0 ||
+        (d->pdl = deepseek_v2_lite_env_switch("MOEGEN_PDL", true, 2)) < 0 ||
+        (d->combine_fuse = deepseek_v2_lite_env_switch("MOEGEN_COMBINE_FUSE", false, 0)) < 0 ||
+        (d->gather = deepseek_v2_lite_env_switch("MOEGEN_GATHER", true, 2)) < 0)
         return cudaErrorInvalidValue;
-    d->route_fuse = !(fe && !strcmp(fe, "off"));
-    const char *pe = getenv("MOEGEN_PDL");
-    if (pe && *pe && strcmp(pe, "on") && strcmp(pe, "off") && strcmp(pe, "auto"))
-        return cudaErrorInvalidValue;
-    d->pdl = major != 9 ? 0 : !pe || !*pe || !strcmp(pe, "auto") ? 2 : !strcmp(pe, "on");
-    const char *ce = getenv("MOEGEN_COMBINE_FUSE");
-    if (ce && *ce && strcmp(ce, "on") && strcmp(ce, "off"))
-        return cudaErrorInvalidValue;
-    d->combine_fuse = ce && !strcmp(ce, "on");
-    const char *ge = getenv("MOEGEN_GATHER");
-    if (ge && *ge && strcmp(ge, "on") && strcmp(ge, "off") && strcmp(ge, "auto"))
-        return cudaErrorInvalidValue;
-    d->gather = !ge || !*ge || !strcmp(ge, "auto") ? 2 : !strcmp(ge, "on");
+    if (major != 9)
+        d->pdl = 0;
 #line 185 "templates/host.lua"
     d->use90 = major == 9;
 #line 189 "templates/host.lua"
