@@ -2,7 +2,8 @@
  * permute_plan (one block: counts -> offsets aligned to the GEMM bm, the
  * tile table) and permute_scatter (token rows -> expert-major rows, the row
  * map, per_block tokens per block: a warp per token, each x row read once
- * and stored to its entries' rows). */
+ * and stored to its entries' rows; fp8: a block per token, quantized by
+ * all its warps). */
 #include "family.h"
 #include "launch_geom.h"
 
@@ -20,9 +21,11 @@ static void plan_spell(char *out, size_t n, const moe_family_ctx_t *c, const moe
 }
 
 static int scatter_geometry(moe_kernel_desc_t *k, const moe_family_ctx_t *c, char *err, size_t errlen) {
-    (void)c, (void)err, (void)errlen;
+    (void)err, (void)errlen;
     k->threads = 256;
-    k->per_block = 8;
+    /* fp8: a block per token, its 128-column block pairs spread over the 8 warps (each a DRAM round trip and
+     * K stores; 8 tokens a block left 28 pairs a warp at H = 7168) */
+    k->per_block = moe_spec_fp8(c->spec) ? 1 : 8;
     return 0;
 }
 

@@ -20,7 +20,11 @@
 @ --   an expert is whatever the atomics give; nothing downstream depends on it.
 @ --   With p.gather (gen/spec.h, moe_spec_gather) it takes src_of last; given
 @ --   one (the call's up GEMM gathers: runtime/moe_forward.c), each lane
-@ --   writes src_of[row] = t instead, and nothing is copied.
+@ --   writes src_of[row] = t instead, and nothing is copied. fp8 weights
+@ --   (the quantizing scatter, gen/family_permute.c: a block per token):
+@ --   the rows as above, then the block's warps share the rows' pairs of
+@ --   128-column blocks, each pair read once and quantized once (once per
+@ --   entry with router.apply = "input"), its codes stored to all K rows.
 @ --   Zero experts (p.spec.zero_experts > 0, docs/DESIGN.md, "Zero experts"):
 @ --   an entry of index >= p.slots has no slot; its row is offsets[slots] + t,
 @ --   past every slot's rows, and the token's first such entry stores x[t]
@@ -90,34 +94,58 @@ ${p.scatter_kernel}(const moe_half_t *__restrict__ x, const int *__restrict__ to
             float *__restrict__ xsc, int *__restrict__ row_of) {
     moe_pdl_begin();
     using namespace ${ns};
-    constexpr int HB = H / 128;  // scale blocks per row
+    constexpr int HB = H / 128;           // scale blocks per row
+    constexpr int PAIRS = (HB + 1) / 2;   // a warp's item: two blocks of one token (a half warp each)
+    __shared__ int s_row[SCATTER_ROWS][K];
 @   if not input then
     (void)topk_w;
 @   end
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-#pragma unroll 1
-    for (int r = warp; r < SCATTER_ROWS; r += SCATTER_WARPS) {   // a warp per token, as the plain scatter
-        const int t = blockIdx.x * SCATTER_ROWS + r;
-        if (t >= tokens)
-            return;
-        int my_row = 0;
+    const int t0 = (int)blockIdx.x * SCATTER_ROWS;
+    const int nt = tokens - t0 < SCATTER_ROWS ? tokens - t0 : SCATTER_ROWS;   // this block's tokens
+    // the rows: a warp per token, lane k < K takes entry (t, k)'s row (as the plain scatter)
+    for (int r = warp; r < nt; r += SCATTER_WARPS)
         if (lane < K) {
-            const long long i = (long long)t * K + lane;
+            const long long i = (long long)(t0 + r) * K + lane;
             const int e = topk_idx[i];
-            my_row = offsets[e] + atomicAdd(cursor + e, 1);
-            row_of[i] = my_row;
+            const int row = offsets[e] + atomicAdd(cursor + e, 1);
+            row_of[i] = row;
+            s_row[r][lane] = row;
         }
-        const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(x + (long long)t * H);
+    __syncthreads();
+    // the quantization: a warp per (token, block pair) over the block's warps, the pair read once and its codes
+    // stored to each of the token's K rows (with apply = "input" quantized once per row: x·w differs by k)
 #pragma unroll 1
-        for (int k = 0; k < K; ++k) {   // each of the token's rows, quantized on its own
-            const int row = __shfl_sync(FULL, my_row, k);
+    for (int it = warp; it < nt * PAIRS; it += SCATTER_WARPS) {
+        const int r = it / PAIRS, b = (it - r * PAIRS) * 2 + (lane >> 4), c = lane & 15;
+        const long long t = t0 + r;
+        const uint4 v = b < HB ? __ldg(reinterpret_cast<const uint4 *>(x + t * H) + b * 16 + c)
+                               : make_uint4(0u, 0u, 0u, 0u);
 @   if input then
-            const float w = moe_round(__ldg(topk_w + (long long)t * K + k));   // the weight in the dtype
-@   else
-            const float w = 1.0f;   // not read
-@   end
-            quantize_row(src, w, xq + (long long)row * H, xsc + (long long)row * HB);
+#pragma unroll 1
+        for (int k = 0; k < K; ++k) {
+            const float w = moe_round(__ldg(topk_w + t * K + k));   // the weight in the dtype
+            uint2 code;
+            const float m = quantize8(v, w, code);
+            const long long row = s_row[r][k];
+            if (b < HB) {
+                *reinterpret_cast<uint2 *>(xq + row * H + b * 128 + c * 8) = code;
+                if (c == 0)
+                    xsc[row * HB + b] = m / 448.0f;
+            }
         }
+@   else
+        uint2 code;
+        const float m = quantize8(v, 1.0f, code);
+        if (b < HB)
+#pragma unroll 4
+            for (int k = 0; k < K; ++k) {
+                const long long row = s_row[r][k];
+                *reinterpret_cast<uint2 *>(xq + row * H + b * 128 + c * 8) = code;
+                if (c == 0)
+                    xsc[row * HB + b] = m / 448.0f;
+            }
+@   end
     }
 }
 @ else
@@ -215,46 +243,52 @@ ${p.scatter_kernel}(const moe_half_t *__restrict__ x, const int *__restrict__ to
 @ -- nearest even, saturating.
 @ function M.quantizer(p)
 @ local input = p.spec.router.apply == "input"
+/* This lane's 8 columns v of a 128-column block (a half warp's 16 lanes x 8
+ * halves; the whole warp calls, each half warp on its own block), with
+ * router.apply = "input" scaled by w first (w unread otherwise), quantized:
+ * their e4m3 codes into code; returns the block's amax (at least 1e-4). */
+static __device__ __forceinline__ float quantize8(uint4 v, float w, uint2 &code) {
+@ if input then
+    v = moe_scale8(v, w);  // the scaled row, rounded to the dtype, is what is quantized
+@ else
+    (void)w;
+@ end
+    const unsigned u[4] = {v.x, v.y, v.z, v.w};
+    float f[8];
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+        f[2 * j] = moe_lo_float(u[j]), f[2 * j + 1] = moe_hi_float(u[j]);
+    float m = 1e-4f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+        m = fmaxf(m, fabsf(f[j]));
+#pragma unroll
+    for (int o = 8; o; o >>= 1)
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    const float mul = 448.0f / m;
+    unsigned r[2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+        unsigned short lo, hi;
+        asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(lo) : "f"(f[4 * j + 1] * mul), "f"(f[4 * j] * mul));
+        asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(hi) : "f"(f[4 * j + 3] * mul), "f"(f[4 * j + 2] * mul));
+        r[j] = (unsigned)lo | ((unsigned)hi << 16);
+    }
+    code = make_uint2(r[0], r[1]);
+    return m;
+}
 static __device__ __forceinline__ void quantize_row(const uint4 *__restrict__ src, float w, unsigned char *__restrict__ q,
                                                     float *__restrict__ sc) {
     static_assert(H % 128 == 0, "fp8: H is a multiple of the 128-column scale block");
     constexpr int HB = H / 128;  // scale blocks per row
     const int lane = threadIdx.x & 31;
-@ if not input then
-    (void)w;
-@ end
 #pragma unroll 1
     for (int b0 = 0; b0 < HB; b0 += 2) {
         const int b = b0 + (lane >> 4), c = lane & 15;  // this half warp's block, this lane's 8 columns
-        uint4 v = make_uint4(0u, 0u, 0u, 0u);
-        if (b < HB)
-            v = __ldg(src + b * 16 + c);
-@ if input then
-        v = moe_scale8(v, w);  // the scaled row, rounded to the dtype, is what is quantized
-@ end
-        const unsigned u[4] = {v.x, v.y, v.z, v.w};
-        float f[8];
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-            f[2 * j] = moe_lo_float(u[j]), f[2 * j + 1] = moe_hi_float(u[j]);
-        float m = 1e-4f;
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-            m = fmaxf(m, fabsf(f[j]));
-#pragma unroll
-        for (int o = 8; o; o >>= 1)
-            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-        const float mul = 448.0f / m;
-        unsigned r[2];
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-            unsigned short lo, hi;
-            asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(lo) : "f"(f[4 * j + 1] * mul), "f"(f[4 * j] * mul));
-            asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(hi) : "f"(f[4 * j + 3] * mul), "f"(f[4 * j + 2] * mul));
-            r[j] = (unsigned)lo | ((unsigned)hi << 16);
-        }
+        uint2 code;
+        const float m = quantize8(b < HB ? __ldg(src + b * 16 + c) : make_uint4(0u, 0u, 0u, 0u), w, code);
         if (b < HB) {
-            *reinterpret_cast<uint2 *>(q + b * 128 + c * 8) = make_uint2(r[0], r[1]);
+            *reinterpret_cast<uint2 *>(q + b * 128 + c * 8) = code;
             if (c == 0)
                 sc[b] = m / 448.0f;
         }

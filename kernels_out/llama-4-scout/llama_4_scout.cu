@@ -922,7 +922,7 @@ llama_4_scout_route_bf16_e16k1s1_t32k128s6(const moe_half_t *__restrict__ x, con
     }
 }
 
-#line 56 "templates/permute.lua"
+#line 60 "templates/permute.lua"
 namespace llama_4_scout_permute_plan_e17_a128_impl {
 constexpr int E = 17, K = 2, H = 5120, ALIGN = 128;
 constexpr int PLAN_THREADS = 1024, PLAN_WARPS = PLAN_THREADS / 32;
@@ -944,14 +944,14 @@ llama_4_scout_permute_plan_e17_a128(const int *__restrict__ counts, const int *_
                                     s_rows, s_tiles);
 }
 
-#line 124 "templates/permute.lua"
+#line 152 "templates/permute.lua"
 extern "C" __global__ void __launch_bounds__(256)
 llama_4_scout_permute_scatter_bf16_h5120k2(const moe_half_t *__restrict__ x, const int *__restrict__ topk_idx, const float *__restrict__ topk_w,
             const int *__restrict__ offsets, int *__restrict__ cursor, int tokens, moe_half_t *__restrict__ xs,
             int *__restrict__ row_of) {
     moe_pdl_begin();
     using namespace llama_4_scout_permute_plan_e17_a128_impl;
-#line 133 "templates/permute.lua"
+#line 161 "templates/permute.lua"
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll 1
     for (int r = warp; r < SCATTER_ROWS; r += SCATTER_WARPS) {
@@ -959,40 +959,40 @@ llama_4_scout_permute_scatter_bf16_h5120k2(const moe_half_t *__restrict__ x, con
         if (t >= tokens)
             return;
         int my_row = 0;
-#line 141 "templates/permute.lua"
+#line 169 "templates/permute.lua"
         float my_w = 0.f;
-#line 146 "templates/permute.lua"
+#line 174 "templates/permute.lua"
         if (lane < K) {
             const long long i = (long long)t * K + lane;
             const int e = topk_idx[i];
-#line 153 "templates/permute.lua"
+#line 181 "templates/permute.lua"
             my_row = offsets[e] + atomicAdd(cursor + e, 1);
-#line 155 "templates/permute.lua"
+#line 183 "templates/permute.lua"
             row_of[i] = my_row;
-#line 161 "templates/permute.lua"
+#line 189 "templates/permute.lua"
             my_w = moe_round(__ldg(topk_w + i));   // the weight in the dtype
-#line 163 "templates/permute.lua"
+#line 191 "templates/permute.lua"
         }
-#line 168 "templates/permute.lua"
+#line 196 "templates/permute.lua"
         uint4 *__restrict__ dst[K];
-#line 170 "templates/permute.lua"
+#line 198 "templates/permute.lua"
         float w[K];
-#line 176 "templates/permute.lua"
+#line 204 "templates/permute.lua"
 #pragma unroll
         for (int k = 0; k < K; ++k) {
             dst[k] = reinterpret_cast<uint4 *>(xs + (long long)__shfl_sync(FULL, my_row, k) * H);
-#line 180 "templates/permute.lua"
+#line 208 "templates/permute.lua"
             w[k] = __shfl_sync(FULL, my_w, k);
-#line 182 "templates/permute.lua"
+#line 210 "templates/permute.lua"
         }
         const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(x + (long long)t * H);
 #pragma unroll 4
         for (int v = lane; v < HV; v += 32) {
             const uint4 val = __ldg(src + v);
-#line 188 "templates/permute.lua"
+#line 216 "templates/permute.lua"
 #pragma unroll
             for (int k = 0; k < K; ++k) dst[k][v] = moe_scale8(val, w[k]);
-#line 198 "templates/permute.lua"
+#line 226 "templates/permute.lua"
         }
     }
 }
@@ -1067,7 +1067,7 @@ llama_4_scout_combine_bf16_h5120k2(const moe_half_t *__restrict__ obuf, const in
     }
 }
 
-#line 56 "templates/permute.lua"
+#line 60 "templates/permute.lua"
 namespace llama_4_scout_permute_plan_e17_a64_impl {
 constexpr int E = 17, K = 2, H = 5120, ALIGN = 64;
 constexpr int PLAN_THREADS = 1024, PLAN_WARPS = PLAN_THREADS / 32;

@@ -942,7 +942,7 @@ longcat_flash_route_bf16_e512z256k12_t32k32s4(const moe_half_t *__restrict__ x, 
     }
 }
 
-#line 56 "templates/permute.lua"
+#line 60 "templates/permute.lua"
 namespace longcat_flash_permute_plan_e512_a64_impl {
 constexpr int E = 512, K = 12, H = 6144, ALIGN = 64;
 constexpr int PLAN_THREADS = 1024, PLAN_WARPS = PLAN_THREADS / 32;
@@ -964,16 +964,16 @@ longcat_flash_permute_plan_e512_a64(const int *__restrict__ counts, const int *_
                                     s_rows, s_tiles);
 }
 
-#line 124 "templates/permute.lua"
+#line 152 "templates/permute.lua"
 extern "C" __global__ void __launch_bounds__(256)
 longcat_flash_permute_scatter_bf16_h6144k12_e512z256(const moe_half_t *__restrict__ x, const int *__restrict__ topk_idx, const float *__restrict__ topk_w,
             const int *__restrict__ offsets, int *__restrict__ cursor, int tokens, moe_half_t *__restrict__ xs,
             int *__restrict__ row_of) {
     moe_pdl_begin();
     using namespace longcat_flash_permute_plan_e512_a64_impl;
-#line 131 "templates/permute.lua"
+#line 159 "templates/permute.lua"
     (void)topk_w;
-#line 133 "templates/permute.lua"
+#line 161 "templates/permute.lua"
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll 1
     for (int r = warp; r < SCATTER_ROWS; r += SCATTER_WARPS) {
@@ -981,39 +981,39 @@ longcat_flash_permute_scatter_bf16_h6144k12_e512z256(const moe_half_t *__restric
         if (t >= tokens)
             return;
         int my_row = 0;
-#line 144 "templates/permute.lua"
+#line 172 "templates/permute.lua"
         bool my_zero = false;
-#line 146 "templates/permute.lua"
+#line 174 "templates/permute.lua"
         if (lane < K) {
             const long long i = (long long)t * K + lane;
             const int e = topk_idx[i];
-#line 150 "templates/permute.lua"
+#line 178 "templates/permute.lua"
             my_zero = e >= E;   // a zero expert: x[t] at row offsets[E] + t, no slot
             my_row = my_zero ? offsets[E] + t : offsets[e] + atomicAdd(cursor + e, 1);
-#line 155 "templates/permute.lua"
+#line 183 "templates/permute.lua"
             row_of[i] = my_row;
-#line 163 "templates/permute.lua"
+#line 191 "templates/permute.lua"
         }
-#line 168 "templates/permute.lua"
+#line 196 "templates/permute.lua"
         uint4 *__restrict__ dst[K];
-#line 173 "templates/permute.lua"
+#line 201 "templates/permute.lua"
         /* the token's zero entries after its first share that row: stored once */
         const unsigned zm = __ballot_sync(FULL, my_zero), dup = zm & (zm - 1u);
-#line 176 "templates/permute.lua"
+#line 204 "templates/permute.lua"
 #pragma unroll
         for (int k = 0; k < K; ++k) {
             dst[k] = reinterpret_cast<uint4 *>(xs + (long long)__shfl_sync(FULL, my_row, k) * H);
-#line 182 "templates/permute.lua"
+#line 210 "templates/permute.lua"
         }
         const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(x + (long long)t * H);
 #pragma unroll 1
         for (int v = lane; v < HV; v += 32) {
             const uint4 val = __ldg(src + v);
-#line 191 "templates/permute.lua"
+#line 219 "templates/permute.lua"
 #pragma unroll
             for (int k = 0; k < K; ++k)
                 if (!((dup >> k) & 1u)) dst[k][v] = val;
-#line 198 "templates/permute.lua"
+#line 226 "templates/permute.lua"
         }
     }
 }

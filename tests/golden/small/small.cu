@@ -945,7 +945,7 @@ small_route_bf16_e12k3_t32k128s6(const moe_half_t *__restrict__ x, const moe_hal
     }
 }
 
-#line 56 "templates/permute.lua"
+#line 60 "templates/permute.lua"
 namespace small_permute_plan_e12_a128_impl {
 constexpr int E = 12, K = 3, H = 1536, ALIGN = 128;
 constexpr int PLAN_THREADS = 1024, PLAN_WARPS = PLAN_THREADS / 32;
@@ -967,16 +967,16 @@ small_permute_plan_e12_a128(const int *__restrict__ counts, const int *__restric
                                     s_rows, s_tiles);
 }
 
-#line 124 "templates/permute.lua"
+#line 152 "templates/permute.lua"
 extern "C" __global__ void __launch_bounds__(256)
 small_permute_scatter_bf16_h1536k3_gx(const moe_half_t *__restrict__ x, const int *__restrict__ topk_idx, const float *__restrict__ topk_w,
             const int *__restrict__ offsets, int *__restrict__ cursor, int tokens, moe_half_t *__restrict__ xs,
             int *__restrict__ row_of, int *__restrict__ src_of) {
     moe_pdl_begin();
     using namespace small_permute_plan_e12_a128_impl;
-#line 131 "templates/permute.lua"
+#line 159 "templates/permute.lua"
     (void)topk_w;
-#line 133 "templates/permute.lua"
+#line 161 "templates/permute.lua"
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll 1
     for (int r = warp; r < SCATTER_ROWS; r += SCATTER_WARPS) {
@@ -984,38 +984,38 @@ small_permute_scatter_bf16_h1536k3_gx(const moe_half_t *__restrict__ x, const in
         if (t >= tokens)
             return;
         int my_row = 0;
-#line 146 "templates/permute.lua"
+#line 174 "templates/permute.lua"
         if (lane < K) {
             const long long i = (long long)t * K + lane;
             const int e = topk_idx[i];
-#line 153 "templates/permute.lua"
+#line 181 "templates/permute.lua"
             my_row = offsets[e] + atomicAdd(cursor + e, 1);
-#line 155 "templates/permute.lua"
+#line 183 "templates/permute.lua"
             row_of[i] = my_row;
-#line 157 "templates/permute.lua"
+#line 185 "templates/permute.lua"
             if (src_of)
                 src_of[my_row] = t;   // the gathered up GEMM reads x[t] for the row itself
-#line 163 "templates/permute.lua"
+#line 191 "templates/permute.lua"
         }
-#line 165 "templates/permute.lua"
+#line 193 "templates/permute.lua"
         if (src_of)
             continue;   // no copy: xs is not read (moe_spec_gather)
-#line 168 "templates/permute.lua"
+#line 196 "templates/permute.lua"
         uint4 *__restrict__ dst[K];
-#line 176 "templates/permute.lua"
+#line 204 "templates/permute.lua"
 #pragma unroll
         for (int k = 0; k < K; ++k) {
             dst[k] = reinterpret_cast<uint4 *>(xs + (long long)__shfl_sync(FULL, my_row, k) * H);
-#line 182 "templates/permute.lua"
+#line 210 "templates/permute.lua"
         }
         const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(x + (long long)t * H);
 #pragma unroll 4
         for (int v = lane; v < HV; v += 32) {
             const uint4 val = __ldg(src + v);
-#line 195 "templates/permute.lua"
+#line 223 "templates/permute.lua"
 #pragma unroll
             for (int k = 0; k < K; ++k) dst[k][v] = val;
-#line 198 "templates/permute.lua"
+#line 226 "templates/permute.lua"
         }
     }
 }
