@@ -551,9 +551,10 @@ static void emit_manifest(moe_buf_t *b, const moe_plan_desc_t *pd, const char *t
                                k->tile.bm, k->tile.bn, k->tile.stages, moe_gemm_sm90_grid_name(&k->tile, grid));
             else if (k->tile.bm && k->tile.consumers) {
                 moe_buf_printf(b, ", \"tile\": {\"bm\": %d, \"bn\": %d, \"bk\": %d, \"stages\": %d, "
-                                  "\"consumers\": %d, \"group_m\": %d, \"grid\": \"%s\"}",
+                                  "\"consumers\": %d, \"group_m\": %d, \"grid\": \"%s\"%s}",
                                k->tile.bm, k->tile.bn, k->tile.bk, k->tile.stages, k->tile.consumers, k->tile.group_m,
-                               moe_gemm_sm90_grid_name(&k->tile, grid));
+                               moe_gemm_sm90_grid_name(&k->tile, grid),
+                               k->tile.evict ? ", \"evict_first\": true" : ""); /* "+ef": the weights' L2 policy */
             } else if (k->tile.bm)
                 moe_buf_printf(b, ", \"tile\": {\"bm\": %d, \"bn\": %d, \"bk\": %d, \"stages\": %d, "
                                   "\"warps_m\": %d, \"warps_n\": %d, \"group_m\": %d}",

@@ -118,6 +118,8 @@ typedef struct {
                              * the weights streamed by bulk copies through a ring of `stages` stages (bf16
                              * and fp16, bn 16); 5 = "chain": stream, its up kernel running the down GEMM and
                              * the combine in the same grid (moe_gemm_chains) */
+    int evict;              /* sm_90a TMA grids, the up GEMM only: its weight (B) boxes loaded with an L2
+                             * evict_first policy (its tuning entry's "+ef"; templates/gemm_sm90.lua) */
 } moe_tile_cfg_t;
 
 /* One planned kernel: what its family built for one spec and arch. */

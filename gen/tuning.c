@@ -82,14 +82,21 @@ int moe_tuning_parse(moe_tuning_t *t, const char *file, const char *text, size_t
             if (parse_int(tok[7 + i], 1, 4096, tile[i]))
                 return fail(diag, file, line, "tile fields (bm bn bk stages consumers group_m) are integers",
                             tok[7 + i]);
-        char *plus = strchr(tok[13], '+'); /* GRID+pdl: launch overlap for the bucket's calls */
-        if (plus) {
-            if (strcmp(plus, "+pdl") != 0)
-                return fail(diag, file, line, "the grid's only suffix is +pdl (launch overlap for the bucket's calls)",
-                            tok[13]);
-            *plus = 0;
-            e.pdl = 1;
+        /* GRID+pdl: launch overlap for the bucket's calls; GRID+ef: the up GEMM's weights evict-first in L2 */
+        char *plus = strchr(tok[13], '+');
+        for (char *sfx = plus; sfx;) {
+            char *next = strchr(sfx + 1, '+');
+            const size_t n = next ? (size_t)(next - sfx) : strlen(sfx);
+            int *flag = n == 4 && strncmp(sfx, "+pdl", 4) == 0 ? &e.pdl : n == 3 && strncmp(sfx, "+ef", 3) == 0 ? &e.evict
+                                                                                                               : NULL;
+            if (!flag || *flag)
+                return fail(diag, file, line, "the grid's suffixes are +pdl (launch overlap for the bucket's calls) and "
+                            "+ef (the up GEMM's weights loaded evict-first in L2), each at most once", tok[13]);
+            *flag = 1;
+            sfx = next;
         }
+        if (plus)
+            *plus = 0;
         if (strcmp(tok[13], "tile") == 0 || strcmp(tok[13], "persist") == 0 || strcmp(tok[13], "pingpong") == 0) {
             e.persistent = strcmp(tok[13], "tile") != 0;
             e.pingpong = strcmp(tok[13], "pingpong") == 0;
@@ -105,6 +112,9 @@ int moe_tuning_parse(moe_tuning_t *t, const char *file, const char *text, size_t
                         "weights through a ring) or chain (stream, the up GEMM's grid running the down GEMM and "
                         "the combine too)", tok[13]);
         }
+        if (e.evict && e.gemv)
+            return fail(diag, file, line, "+ef: the TMA grids only (tile, persist, pingpong, splitkS: the gemv, "
+                        "stream and chain grids load no TMA boxes)", tok[13]);
         char why[128];
         const moe_tile_cfg_t cfg = {.bm = e.bm, .bn = e.bn, .bk = e.bk, .stages = e.stages, .consumers = e.consumers,
                                     .group_m = e.group_m, .persistent = e.persistent,

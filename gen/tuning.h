@@ -32,6 +32,9 @@ typedef struct moe_tuning_entry {
                                           * otherwise (docs/DESIGN.md, "Launch overlap"); chosen from the whole
                                           * layer's time (moe_bench with MOEGEN_PDL=on against off), not by
                                           * moegen tune */
+    int evict;                           /* 1: the grid word ends in "+ef" (also "+pdl+ef"): the up GEMM loads its
+                                          * weight boxes with an L2 evict_first policy (the TMA grids; the
+                                          * down GEMM unchanged); chosen from moe_bench, not by moegen tune */
     int fp8;                             /* 1: dtype "e4m3": an fp8 spec's entry (quant.weights = "fp8_e4m3",
                                           * the layer's dtype bf16); it applies to fp8 specs alone, and they
                                           * to no other entry */

@@ -208,6 +208,9 @@
 @   c.persistent = t.persistent == 1
 @   -- the gathered up GEMM (gen/family.h, moe_gemm_gathers): A's rows from x through src_of, by cp.async
 @   c.gather = t.gather == 1
+@   -- "+ef" (gen/tuning.h): the up GEMM's weight boxes loaded with an L2 evict_first policy
+@   c.evict = t.evict == 1
+@   need(not c.evict or kind == "up", "tile.evict: the up GEMM only")
 @   need(not c.gather or (kind == "up" and not c.fp8), "tile.gather: the bf16/fp16 up GEMM only")
 @   need(t.persistent == nil or t.persistent == 0 or t.persistent == 1, "tile.persistent must be 0 or 1")
 @   -- split-K (tile.splitk = S > 0): S CTAs per tile, CTA b the split b % S of
@@ -358,6 +361,21 @@ static __device__ __forceinline__ void tma_load(unsigned s, const moe_tmap_t *ma
                  " [%0], [%1, {%2, %3}], [%4];\n"
                  :: "r"(s), "l"((unsigned long long)map), "r"(k0), "r"(row), "r"(b) : "memory");
 }
+@ if c.evict then
+/* tma_load with an L2 cache policy (pol: createpolicy's). */
+static __device__ __forceinline__ void tma_load_pol(unsigned s, const moe_tmap_t *map, int k0, int row, unsigned b,
+                                                    unsigned long long pol) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
+                 " [%0], [%1, {%2, %3}], [%4], %5;\n"
+                 :: "r"(s), "l"((unsigned long long)map), "r"(k0), "r"(row), "r"(b), "l"(pol) : "memory");
+}
+/* The weights' L2 policy ("+ef"): evict first, so the activation rows that every N tile reads again stay. */
+static __device__ __forceinline__ unsigned long long l2_evict_first() {
+    unsigned long long p;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(p));
+    return p;
+}
+@ end
 static __device__ __forceinline__ void tma_prefetch_map(const moe_tmap_t *map) {
     asm volatile("prefetch.tensormap [%0];\n" :: "l"((unsigned long long)map) : "memory");
 }
@@ -640,6 +658,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
                                                const moe_tile_t *__restrict__ tiles, int mtiles) {
     int s = 0;
     unsigned phase = 0;
+@ if c.evict then
+    const unsigned long long pol_b = l2_evict_first();
+@ end
     for (int lin = ${c.lin0}; lin < mtiles * NTILES; lin += ${c.lstep}) {
         int mt, nt;
         tile_of(lin, mtiles, NTILES, mt, nt);
@@ -663,6 +684,8 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
 #pragma unroll
             for (int b = 0; b < BN / 64; ++b) {
                 tma_load(so + A_BYTES + b * (BK * 128), mb, nt * BN + b * 64, brow + kt * BK, full);
+@ elseif c.evict then
+                tma_load_pol(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * ${c.atom_elems}, brow, full, pol_b);
 @ else
                 tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * ${c.atom_elems}, brow, full);
 @ end
@@ -698,6 +721,9 @@ static __device__ __forceinline__ void produce_gather(unsigned sbase, const moe_
     constexpr int RPT = BM / 16;  /* rows per thread */
     const int j = pt & 7, r0 = pt >> 3;
     const unsigned my = (unsigned)r0 * 128u + ((unsigned)(j ^ (r0 & 7)) << 4);  /* in a stage's A atom */
+@ if c.evict then
+    const unsigned long long pol_b = l2_evict_first();
+@ end
     int s = 0;
     unsigned phase = 0;
     for (int lin = ${c.lin0}; lin < mtiles * NTILES; lin += ${c.lstep}) {
@@ -718,7 +744,11 @@ static __device__ __forceinline__ void produce_gather(unsigned sbase, const moe_
                 bar_arrive_expect_tx(full, STAGE_BYTES - A_BYTES);
 #pragma unroll
                 for (int a = 0; a < KATOMS; ++a)
+@ if c.evict then
+                    tma_load_pol(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * ${c.atom_elems}, brow, full, pol_b);
+@ else
                     tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * ${c.atom_elems}, brow, full);
+@ end
             }
 #pragma unroll
             for (int a = 0; a < KATOMS; ++a) {

@@ -702,6 +702,50 @@ int main(void) {
         moe_fileset_free(&fs);
         moe_tuning_free(&lo);
 
+        CASE("variants: +ef parsed (with +pdl, either order); the up GEMM alone gets it: its name and its weight "
+             "loads, the down GEMM's kernel the same as without");
+        moe_tuning_t ef;
+        const char *eft = "8 2 4096 12288 bf16 sm_90a 128 64 128 64 6 1 8 tile  1 2 2026-12-07 NVIDIA H100\n"
+                          "8 2 4096 12288 bf16 sm_90a 512 64 128 64 6 1 8 tile+ef+pdl  1 2 2026-12-07 NVIDIA H100\n"
+                          "8 2 4096 12288 bf16 sm_90a 1024 128 256 64 4 2 8 persist+pdl+ef  1 2 2026-12-07 H100\n";
+        CHECKF(parse(&ef, eft, &d) == 0, "%s", d.msg);
+        CHECK(ef.n == 3 && !ef.e[0].evict && !ef.e[0].pdl && ef.e[1].evict && ef.e[1].pdl && ef.e[2].evict &&
+              ef.e[2].pdl && ef.e[2].persistent && !ef.e[1].persistent);
+        CHECK(plan_of(&pd, big, &ef) == 0);
+        CHECK(pd.nvariants == 3);
+        if (pd.nvariants == 3) {
+            const moe_kernel_desc_t *u0 = &pd.variants[0].kernels[MOE_ARCH_SM90A][MOE_K_GEMM_UP],
+                                    *u1 = &pd.variants[1].kernels[MOE_ARCH_SM90A][MOE_K_GEMM_UP],
+                                    *d0 = &pd.variants[0].kernels[MOE_ARCH_SM90A][MOE_K_GEMM_DOWN],
+                                    *d1 = &pd.variants[1].kernels[MOE_ARCH_SM90A][MOE_K_GEMM_DOWN];
+            CHECK(!u0->tile.evict && u1->tile.evict && !d1->tile.evict);
+            CHECK(strstr(u1->name, "_ef") && !strstr(u0->name, "_ef") && !strstr(d1->name, "_ef"));
+            CHECK_STREQ(d0->name, d1->name); /* the same down kernel: the bucket split by the up GEMM alone */
+        }
+        CHECKF(moe_emit_source(&pd, NULL, &src, &ed) == 0, "%s", ed.msg);
+        text = src.data ? src.data : "";
+        {   /* the hinted loads in the +ef up kernels only: two of them (512 and 1024), the producer's B boxes */
+            int pol = 0;
+            for (const char *q = text; (q = strstr(q, "createpolicy.fractional.L2::evict_first.b64")); q++)
+                pol++;
+            CHECK(pol == 2);
+            CHECK(strstr(text, "tma_load_pol(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full, pol_b);"));
+        }
+        moe_buf_free(&src);
+        CHECKF(moe_emit_files(&pd, NULL, &fs, &ed) == 0, "%s", ed.msg);
+        man = NULL;
+        for (int i = 0; i < fs.nfiles; i++)
+            if (strcmp(fs.files[i].path, "manifest.json") == 0)
+                man = fs.files[i].data.data;
+        {   /* the manifest's tile says it, for the up kernels of the +ef buckets alone */
+            int n = 0;
+            for (const char *q = man; q && (q = strstr(q, "\"evict_first\": true")); q++)
+                n++;
+            CHECK(man && n == 2);
+        }
+        moe_fileset_free(&fs);
+        moe_tuning_free(&ef);
+
         CASE("variants: a training plan's saved region, the cuDNN path's tile table cover the capacity's variant");
         CHECK(plan_of(&pd, "name = 'mx'\nexperts = 8\ntop_k = 2\nhidden = 4096\nffn = 12288\ntokens = 16384\n"
                            "training = true\n", &t) == 0);
@@ -1069,12 +1113,19 @@ int main(void) {
                  "('persistent')");
     expect_error("8 2 4096 12288 bf16 sm_90a 1 64 48 64 2 1 1 gemv 1 2 2026-12-04 H200\n",
                  "t.tune:1: error: gemv: bn (the weight rows per CTA) must be 8, 16, 32, 64, 128 or 256");
-    expect_error("8 2 4096 12288 bf16 sm_90a 1 64 32 64 2 1 1 gemv+pd 1 2 2026-12-07 H100\n",
-                 "t.tune:1: error: the grid's only suffix is +pdl (launch overlap for the bucket's calls) "
-                 "('gemv+pd')");
+#define SUFFIXES "t.tune:1: error: the grid's suffixes are +pdl (launch overlap for the bucket's calls) and +ef (the " \
+                 "up GEMM's weights loaded evict-first in L2), each at most once "
+    expect_error("8 2 4096 12288 bf16 sm_90a 1 64 32 64 2 1 1 gemv+pd 1 2 2026-12-07 H100\n", SUFFIXES "('gemv+pd')");
     expect_error("8 2 4096 12288 bf16 sm_90a 1 64 32 64 2 1 1 gemv+pdl+pdl 1 2 2026-12-07 H100\n",
-                 "t.tune:1: error: the grid's only suffix is +pdl (launch overlap for the bucket's calls) "
-                 "('gemv+pdl+pdl')");
+                 SUFFIXES "('gemv+pdl+pdl')");
+    expect_error("8 2 4096 12288 bf16 sm_90a 1 64 128 64 2 1 8 tile+ef+pdl+ef 1 2 2026-12-07 H100\n",
+                 SUFFIXES "('tile+ef+pdl+ef')");
+    expect_error("8 2 4096 12288 bf16 sm_90a 1 64 128 64 2 1 8 tile+ 1 2 2026-12-07 H100\n", SUFFIXES "('tile+')");
+    expect_error("8 2 4096 12288 bf16 sm_90a 1 64 128 64 2 1 8 tile+efx 1 2 2026-12-07 H100\n", SUFFIXES "('tile+efx')");
+#undef SUFFIXES
+    expect_error("8 2 4096 12288 bf16 sm_90a 1 64 32 64 2 1 1 gemv3+ef 1 2 2026-12-07 H100\n",
+                 "t.tune:1: error: +ef: the TMA grids only (tile, persist, pingpong, splitkS: the gemv, stream and "
+                 "chain grids load no TMA boxes) ('gemv3')");
     expect_error("8 2 4096 12288 bf16 sm_90a 1 64 32 64 2 1 1 +pdl 1 2 2026-12-07 H100\n",
                  "t.tune:1: error: grid must be tile (one CTA per tile), persist (one CTA per SM), pingpong (one "
                  "CTA per SM, its consumer warpgroups on alternate tiles), splitkS (S = 2..16 CTAs per tile, "
