@@ -268,10 +268,11 @@ static __device__ __forceinline__ float quantize8(uint4 v, float w, uint2 &code)
     const float mul = 448.0f / m;
     unsigned r[2];
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-        unsigned short lo, hi;
-        asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(lo) : "f"(f[4 * j + 1] * mul), "f"(f[4 * j] * mul));
-        asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(hi) : "f"(f[4 * j + 3] * mul), "f"(f[4 * j + 2] * mul));
+    for (int j = 0; j < 2; ++j) {  /* the prelude's moe_e4m3x2 (cvt.rn.satfinite): the host harness runs it too */
+        const float h0 = f[4 * j + 1] * mul, l0 = f[4 * j] * mul;
+        const unsigned short lo = moe_e4m3x2(l0, h0);
+        const float h1 = f[4 * j + 3] * mul, l1 = f[4 * j + 2] * mul;
+        const unsigned short hi = moe_e4m3x2(l1, h1);
         r[j] = (unsigned)lo | ((unsigned)hi << 16);
     }
     code = make_uint2(r[0], r[1]);

@@ -46,6 +46,10 @@ struct uint4 {
     unsigned x, y, z, w;
 };
 static inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }
+struct uint2 {
+    unsigned x, y;
+};
+static inline uint2 make_uint2(unsigned a, unsigned b) { return {a, b}; }
 struct host_dim3 {
     unsigned x, y, z;
 };
