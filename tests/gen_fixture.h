@@ -399,6 +399,22 @@ static inline void host_run_seeds(const char *bin, const int *args, int nargs, c
 /* The text from `from` through the end of `to` (both in src, in order)
  * into b, for a host test's force-included kernels; 1 when either is not
  * there. */
+/* runtime/fp8.c and half.c (fp8.c's dependency) as objects for the fp8
+ * cases' reference, built once into tmp_root; the link arguments, or NULL. */
+static inline const char *fp8_objects(void) {
+    static char objs[900];
+    static int state; /* 0 not built, 1 built, -1 failed */
+    if (state == 0) {
+        char cmd[2000];
+        snprintf(cmd, sizeof cmd,
+                 "cc -std=c11 -O2 -Iruntime -Igen -c runtime/fp8.c -o %s/fp8.o && "
+                 "cc -std=c11 -O2 -Iruntime -Igen -c runtime/half.c -o %s/half.o", tmp_root, tmp_root);
+        snprintf(objs, sizeof objs, "%s/fp8.o %s/half.o", tmp_root, tmp_root);
+        state = system(cmd) == 0 ? 1 : -1;
+    }
+    return state == 1 ? objs : NULL;
+}
+
 static inline int host_cut_span(const char *src, const char *from, const char *to, moe_buf_t *b) {
     const char *a = strstr(src, from), *z = a ? strstr(a, to) : NULL;
     if (!z)

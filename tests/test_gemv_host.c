@@ -152,22 +152,6 @@ static const gemv_case_t cases[] = {
 };
 #define NCASES ((int)(sizeof cases / sizeof *cases))
 
-/* runtime/fp8.c and half.c (fp8.c's dependency) as objects for the fp8
- * cases' reference, built once into tmp_root; the link arguments, or NULL. */
-static const char *fp8_objects(void) {
-    static char objs[900];
-    static int state; /* 0 not built, 1 built, -1 failed */
-    if (state == 0) {
-        char cmd[2000];
-        snprintf(cmd, sizeof cmd,
-                 "cc -std=c11 -O2 -Iruntime -Igen -c runtime/fp8.c -o %s/fp8.o && "
-                 "cc -std=c11 -O2 -Iruntime -Igen -c runtime/half.c -o %s/half.o", tmp_root, tmp_root);
-        snprintf(objs, sizeof objs, "%s/fp8.o %s/half.o", tmp_root, tmp_root);
-        state = system(cmd) == 0 ? 1 : -1;
-    }
-    return state == 1 ? objs : NULL;
-}
-
 static void run_case(const gemv_case_t *c, const moe_tuning_t *table, const char *cxx) {
     CASE(c->label);
     if (!check_counts()) /* left out by MOEGEN_TEST_CASE: not built or run */

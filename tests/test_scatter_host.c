@@ -64,23 +64,20 @@ static void run_case(const host_case_t *c, const char *cxx) {
                     (fp8 && (!again || host_cut_span(again, ns_open, ns_close, &inc))) ||
                     host_cut_span(src.data, head, "\n}\n", &inc);
     CHECKF(!cut, "%s's namespace or %s not found whole in the emitted source", plan->name, sc->name);
-    char inc_path[400], bin[400], cmd[5000];
+    char inc_path[400], bin[400], cmd[3000];
     snprintf(inc_path, sizeof inc_path, "%s/%s.inc", tmp_root, s.name);
     snprintf(bin, sizeof bin, "%s/%s_host", tmp_root, s.name);
     CHECKF(!cut && write_bytes(inc_path, inc.data, inc.len) == 0, "cannot write %s", inc_path);
-    char objs[1200] = "", objs_link[900] = ""; /* fp8: the host's quantization rule (runtime/fp8.c, with half.c) compiled as C, linked in */
-    if (fp8)
-        snprintf(objs, sizeof objs, "cc -O2 -std=c11 -Iruntime -Igen -c runtime/fp8.c -o %s/fp8.o && cc -O2 -std=c11 "
-                 "-Iruntime -Igen -c runtime/half.c -o %s/half.o && ", tmp_root, tmp_root),
-        snprintf(objs_link, sizeof objs_link, "%s/fp8.o %s/half.o", tmp_root, tmp_root);
-    if (!cut) {
+    const char *objs = fp8 ? fp8_objects() : ""; /* fp8: the host's quantization rule (runtime/fp8.c), linked in */
+    CHECKF(objs != NULL, "cannot build runtime/fp8.c and half.c for the reference");
+    if (!cut && objs) {
         snprintf(cmd, sizeof cmd,
-                 "%s%s -std=c++17 -O2 -w -Itests/support -include cuda_host.h -include %s %s -DSH_SCATTER=%s -DSH_E=%d "
+                 "%s -std=c++17 -O2 -w -Itests/support -include cuda_host.h -include %s %s -DSH_SCATTER=%s -DSH_E=%d "
                  "-DSH_Z=%d -DSH_K=%d -DSH_H=%d -DSH_ROWS=%d -DSH_GATHER=%d -DSH_FP8=%d -DSH_INPUT=%d "
                  "tests/scatter_host.cc %s -o %s 2>&1",
-                 objs, cxx, inc_path, s.dtype == MOE_DTYPE_FP16 ? "-DMOE_HOST_FP16" : "", sc->name, moe_spec_slots(&s),
+                 cxx, inc_path, s.dtype == MOE_DTYPE_FP16 ? "-DMOE_HOST_FP16" : "", sc->name, moe_spec_slots(&s),
                  s.zero_experts, moe_spec_entries(&s), s.hidden, sc->per_block, moe_spec_gather(&s), fp8,
-                 s.router.apply == MOE_APPLY_INPUT, fp8 ? objs_link : "", bin);
+                 s.router.apply == MOE_APPLY_INPUT, objs, bin);
         CHECKF(system(cmd) == 0, "the host build failed: %s", cmd);
         host_run_seeds(bin, c->tokens, c->ntokens, "the scatter's rows or row map are wrong");
     }
