@@ -7,11 +7,11 @@
 # a dropped pair fails it), test_plan, test_runtime, test_emit, test_nvrtc 551/0.
 # Build r144 = main + the patch (git apply docs/perf/2026-12-07/patches/route_fp8_fuse.diff; make -j2 all
 # build/moe_bench build/tests/test_gpu build/tests/test_quant_gpu build/libmoegen_ref.so build/tests/test_vendored;
-# then MOEGEN_UPDATE_GOLDENS=1 build/tests/test_emit and make kernels before committing), and r141 as run141.sh.
-# Carry ["build/r141", "build/r144"]. Land the patch if (1)-(3) pass and (4) shows the fp8 layer faster at 1 token.
+# then MOEGEN_UPDATE_GOLDENS=1 build/tests/test_emit and make kernels before committing), and r143 = main as run143.sh.
+# Carry ["build/r143", "build/r144"]. Land the patch if (1)-(3) pass and (4) shows the fp8 layer faster at 1 token.
 # (1) test_quant_gpu (the fp8 layer at 1 token now takes mode 2); (2) test_gpu every family <= 8 tokens on Qwen3-30B,
 # Mixtral, the EP8 rank, a shared-gate and a given-ids spec (the struct's new field moves their later parameters);
-# (3) test_vendored (build/tests/test_vendored examples/specs/qwen3-30b-a3b.moe); (4) moe_bench --graph r141 / r144
+# (3) test_vendored (build/tests/test_vendored examples/specs/qwen3-30b-a3b.moe); (4) moe_bench --graph r143 / r144
 # on the fp8 Qwen3, Mixtral and EP8 rank at 1 / 2 tokens and the bf16 Qwen3 at 1, interleaved, twice.
 set -u
 BUDGET=${1:-420}
@@ -31,7 +31,7 @@ echo "test_gpu r144 <= 8: exit $? ($SECONDS s)" >> "$OUT/w/rc.txt"
 echo "test_vendored r144: exit $? ($SECONDS s)" >> "$OUT/w/rc.txt"
 for rep in 1 2; do
     for s in fp8/qwen3-30b-a3b-fp8 fp8/mixtral-8x7b-fp8 fp8/deepseek-v3-ep8-fp8 qwen3-30b-a3b; do
-        for r in r141 r144; do
+        for r in r143 r144; do
             [ $((SECONDS + 15)) -le $BUDGET ] || break 3
             use $r
             echo "== $s $r rep=$rep" >> "$OUT/w/ab.log"
