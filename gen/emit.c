@@ -66,6 +66,7 @@ static void push_kernel_set(lua_State *L, const moe_plan_desc_t *pd, const moe_k
             moe_lua_set_int(L, "bm", d->tile.bm);
             moe_lua_set_int(L, "bn", d->tile.bn);
             moe_lua_set_bool(L, "persistent", d->tile.persistent);
+            moe_lua_set_bool(L, "cluster", d->tile.cluster); /* CTA pairs: moe_sm90_pair_ctas */
             moe_lua_set_int(L, "splitk", d->tile.splitk);
             moe_lua_set_bool(L, "gemv", d->tile.gemv);
             moe_lua_set_bool(L, "stream", moe_tile_stream(&d->tile));
@@ -551,10 +552,11 @@ static void emit_manifest(moe_buf_t *b, const moe_plan_desc_t *pd, const char *t
                                k->tile.bm, k->tile.bn, k->tile.stages, moe_gemm_sm90_grid_name(&k->tile, grid));
             else if (k->tile.bm && k->tile.consumers) {
                 moe_buf_printf(b, ", \"tile\": {\"bm\": %d, \"bn\": %d, \"bk\": %d, \"stages\": %d, "
-                                  "\"consumers\": %d, \"group_m\": %d, \"grid\": \"%s\"%s}",
+                                  "\"consumers\": %d, \"group_m\": %d, \"grid\": \"%s\"%s%s}",
                                k->tile.bm, k->tile.bn, k->tile.bk, k->tile.stages, k->tile.consumers, k->tile.group_m,
                                moe_gemm_sm90_grid_name(&k->tile, grid),
-                               k->tile.evict ? ", \"evict_first\": true" : ""); /* "+ef": the weights' L2 policy */
+                               k->tile.evict ? ", \"evict_first\": true" : "", /* "+ef": the weights' L2 policy */
+                               k->tile.cluster ? ", \"cluster\": 2" : "");     /* "+mc": CTA pairs, B multicast */
             } else if (k->tile.bm)
                 moe_buf_printf(b, ", \"tile\": {\"bm\": %d, \"bn\": %d, \"bk\": %d, \"stages\": %d, "
                                   "\"warps_m\": %d, \"warps_n\": %d, \"group_m\": %d}",

@@ -120,6 +120,9 @@ typedef struct {
                              * the combine in the same grid (moe_gemm_chains) */
     int evict;              /* sm_90a TMA grids, the up GEMM only: its weight (B) boxes loaded with an L2
                              * evict_first policy (its tuning entry's "+ef"; templates/gemm_sm90.lua) */
+    int cluster;            /* sm_90a persistent grids (bf16/fp16): the CTAs run in pairs (2-CTA clusters) over
+                             * pairs of M tiles, a pair of one expert loading each weight tile once, multicast
+                             * to both (its tuning entry's "+mc"; templates/gemm_sm90.lua); never gathers */
 } moe_tile_cfg_t;
 
 /* One planned kernel: what its family built for one spec and arch. */
@@ -135,10 +138,11 @@ typedef struct {
 
 /* Does planned kernel k, an up GEMM, gather its A rows from x through the
  * scatter's src map (moe_spec_gather; the sm_90a TMA grids only: tile,
- * persist, pingpong, splitk)? It then takes x and src_of after its other
+ * persist, pingpong, splitk; not in CTA pairs, tile.cluster)? It then takes x and src_of after its other
  * arguments (templates/gemm_sm90.lua). */
 static inline int moe_gemm_gathers(const moe_spec_t *s, const moe_kernel_desc_t *k) {
-    return k->family == MOE_K_GEMM_UP && k->tile.consumers > 0 && !k->tile.gemv && moe_spec_gather(s);
+    return k->family == MOE_K_GEMM_UP && k->tile.consumers > 0 && !k->tile.gemv && !k->tile.cluster &&
+           moe_spec_gather(s);
 }
 
 /* The gemv-family kernel's rows a chunk by tile.gemv (templates/gemm_gemv.lua, c.rows): gemv 8, gemv3 2, gemv4 1. */

@@ -263,7 +263,8 @@ static int sm90_geometry(moe_kernel_desc_t *k, const moe_family_ctx_t *c, char *
     if (te) {
         k->tile = (moe_tile_cfg_t){.bm = te->bm, .bn = te->bn, .bk = te->bk, .stages = te->stages,
                                    .group_m = te->group_m, .consumers = te->consumers, .persistent = te->persistent,
-                                   .pingpong = te->pingpong, .evict = te->evict && k->family == MOE_K_GEMM_UP};
+                                   .pingpong = te->pingpong, .evict = te->evict && k->family == MOE_K_GEMM_UP,
+                                   .cluster = te->cluster};
         k->tile.splitk = sm90_splits(k, c, te->splitk);
     } else {
         k->tile = (moe_tile_cfg_t){.bm = c->align, .bn = 256, .bk = 64, .stages = 4, .group_m = 8,
@@ -326,10 +327,11 @@ static void spell(char *out, size_t n, const moe_family_ctx_t *c, const moe_kern
                  t->bn, t->stages);
     else if (t->consumers) {  /* the grid named unless one CTA per tile */
         const int plain = !t->pingpong && !t->persistent && !t->splitk;
-        snprintf(out, n, "%s_%s_%s_sm90a_tma_%s%sm%dn%dk%ds%dc%dg%d%s%s", s->name, what, dt,
+        snprintf(out, n, "%s_%s_%s_sm90a_tma_%s%sm%dn%dk%ds%dc%dg%d%s%s%s", s->name, what, dt,
                  plain ? "" : moe_gemm_sm90_grid_name(t, grid), plain ? "" : "_", t->bm, t->bn, t->bk, t->stages,
                  t->consumers, t->group_m, moe_gemm_gathers(s, k) ? "_gx" : "",  /* gx: x and src_of too */
-                 t->evict ? "_ef" : "");  /* ef: the weights evict-first in L2 */
+                 t->evict ? "_ef" : "",     /* ef: the weights evict-first in L2 */
+                 t->cluster ? "_mc" : "");  /* mc: CTA pairs, the weight tile multicast */
     } else
         snprintf(out, n, "%s_%s_%s_m%dn%dk%ds%dw%dx%dg%d", s->name, what, moe_dtype_name(s->dtype), t->bm, t->bn,
                  t->bk, t->stages, t->warps_m, t->warps_n, t->group_m);
@@ -364,6 +366,7 @@ static void push(lua_State *L, const moe_family_ctx_t *c, const moe_kernel_desc_
     moe_lua_set_int(L, "gemv", k->tile.gemv);
     moe_lua_set_int(L, "gather", moe_gemm_gathers(c->spec, k));
     moe_lua_set_int(L, "evict", k->tile.evict);
+    moe_lua_set_int(L, "cluster", k->tile.cluster);
     if (k->tile.gemv) {
         long long K, N;
         moe_gemm_kn(k->family == MOE_K_GEMM_UP, c->spec->hidden, c->spec->ffn, &K, &N);

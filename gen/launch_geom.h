@@ -200,6 +200,20 @@ static inline unsigned moe_sm90_ctas(unsigned long long tiles, int persistent, i
     return (unsigned)(splitk > 0 ? tiles * (unsigned long long)splitk : tiles);
 }
 
+/* CTAs of an sm_90a GEMM in CTA pairs (tile.cluster, "+mc": 2-CTA clusters
+ * on a persistent grid; templates/gemm_sm90.lua): the pairs walk (pair of
+ * M tiles, N tile) items, so twice min(items, clusters), clusters the
+ * pairs that can be resident at once (the driver's occupancy answer; at
+ * most half the SMs); 0 = not known, half the SMs. */
+static inline unsigned moe_sm90_pair_ctas(unsigned long long mtiles, unsigned long long ntiles, int clusters,
+                                          int sms) {
+    unsigned long long items = (mtiles + 1) / 2 * ntiles, cap = clusters > 0 ? (unsigned long long)clusters
+                                                                : sms > 1 ? (unsigned long long)sms / 2 : 0;
+    if (cap > 0 && items > cap)
+        items = cap;
+    return (unsigned)(2 * (items > 0 ? items : 1));
+}
+
 /* The split-K GEMMs' arrival counters (one int per tile, every split's
  * CTA takes one ticket, the last resets it to 0) sit in the counts region
  * after the E' slot counts and route's tickets (MOE_ROUTE_TICKETS: the

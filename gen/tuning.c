@@ -87,11 +87,14 @@ int moe_tuning_parse(moe_tuning_t *t, const char *file, const char *text, size_t
         for (char *sfx = plus; sfx;) {
             char *next = strchr(sfx + 1, '+');
             const size_t n = next ? (size_t)(next - sfx) : strlen(sfx);
-            int *flag = n == 4 && strncmp(sfx, "+pdl", 4) == 0 ? &e.pdl : n == 3 && strncmp(sfx, "+ef", 3) == 0 ? &e.evict
-                                                                                                               : NULL;
+            int *flag = n == 4 && strncmp(sfx, "+pdl", 4) == 0  ? &e.pdl
+                        : n == 3 && strncmp(sfx, "+ef", 3) == 0 ? &e.evict
+                        : n == 3 && strncmp(sfx, "+mc", 3) == 0 ? &e.cluster
+                                                                : NULL;
             if (!flag || *flag)
-                return fail(diag, file, line, "the grid's suffixes are +pdl (launch overlap for the bucket's calls) and "
-                            "+ef (the up GEMM's weights loaded evict-first in L2), each at most once", tok[13]);
+                return fail(diag, file, line, "the grid's suffixes are +pdl (launch overlap for the bucket's calls), "
+                            "+ef (the up GEMM's weights loaded evict-first in L2) and +mc (CTA pairs sharing the "
+                            "weight tile by TMA multicast), each at most once", tok[13]);
             *flag = 1;
             sfx = next;
         }
@@ -115,6 +118,9 @@ int moe_tuning_parse(moe_tuning_t *t, const char *file, const char *text, size_t
         if (e.evict && e.gemv)
             return fail(diag, file, line, "+ef: the TMA grids only (tile, persist, pingpong, splitkS: the gemv, "
                         "stream and chain grids load no TMA boxes)", tok[13]);
+        if (e.cluster && (!e.persistent || e.fp8 || e.evict))
+            return fail(diag, file, line, "+mc: the persistent grids of bf16/fp16 entries (persist, pingpong), "
+                        "without +ef", tok[13]);
         char why[128];
         const moe_tile_cfg_t cfg = {.bm = e.bm, .bn = e.bn, .bk = e.bk, .stages = e.stages, .consumers = e.consumers,
                                     .group_m = e.group_m, .persistent = e.persistent,

@@ -35,6 +35,9 @@ typedef struct moe_tuning_entry {
     int evict;                           /* 1: the grid word ends in "+ef" (also "+pdl+ef"): the up GEMM loads its
                                           * weight boxes with an L2 evict_first policy (the TMA grids; the
                                           * down GEMM unchanged); chosen from moe_bench, not by moegen tune */
+    int cluster;                         /* 1: the grid word ends in "+mc": CTA pairs (2-CTA clusters) on
+                                          * the persistent grids, the pair's shared weight tile loaded once
+                                          * and multicast to both (bf16/fp16; not with +ef) */
     int fp8;                             /* 1: dtype "e4m3": an fp8 spec's entry (quant.weights = "fp8_e4m3",
                                           * the layer's dtype bf16); it applies to fp8 specs alone, and they
                                           * to no other entry */

@@ -28,6 +28,7 @@
     X(cuFuncSetAttribute, "cuFuncSetAttribute")               \
     X(cuLaunchKernel, "cuLaunchKernel")                       \
     X(cuLaunchKernelEx, "cuLaunchKernelEx")                   \
+    X(cuOccupancyMaxActiveClusters, "cuOccupancyMaxActiveClusters") \
     X(cuMemAlloc, "cuMemAlloc_v2")                            \
     X(cuMemFree, "cuMemFree_v2")                              \
     X(cuMemcpyHtoD, "cuMemcpyHtoD_v2")                        \

@@ -157,7 +157,9 @@ static moe_status launch(const moe_launcher_t *l, int k, int tokens, long long n
         targs[1] = &mb;
         args = targs;
         if (!wgrad) {
-            g[0] = moe_sm90_ctas((unsigned long long)g[0] * g[1], d->tile.persistent, d->tile.splitk, l->sms);
+            g[0] = d->tile.cluster ? moe_sm90_pair_ctas(g[1], g[0], l->clusters, l->sms)
+                                   : moe_sm90_ctas((unsigned long long)g[0] * g[1], d->tile.persistent, d->tile.splitk,
+                                                   l->sms);
             g[1] = 1;
         } else { /* persistent: the wgrads walk (N tile, M tile, slot) themselves; the output a tensor map */
             g[0] = moe_sm90_ctas((unsigned long long)g[0] * g[1] * g[2], 1, 0, l->sms);

@@ -21,6 +21,8 @@ typedef struct moe_launcher {
                                             family MOE_K_EP_FIRST + i); NULL when the plan has no EP part */
     CUfunction ep_fn[MOE_EK_COUNT];   /* ep_kernels[i] in the module */
     int sms;                          /* the device's multiprocessors: a persistent grid's size */
+    int clusters;                     /* CTA pairs of the plan's "+mc" GEMMs resident at once (the fewest over
+                                         them, the driver's occupancy answer): their grid's size; 0 = none */
     long long slots;                  /* weight slots the GEMMs' B operand spans (the mesh's held experts, then the shared expert's) */
     CUdeviceptr slot_table;           /* [slots] the slot of expert g's weights (then the shared expert's own), on the device */
     int slot_identity;                /* the slot table is the identity (expert g's weights at slot g) */

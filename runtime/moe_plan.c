@@ -73,6 +73,17 @@ static moe_status load_kernel(moe_plan *p, const moe_kernel_desc_t *k, CUfunctio
         return moe_fail(MOE_ERR_CUDA, "kernel '%s' is missing from the module: %s", k->name, moe_cu_error_string(r));
     if (k->smem > 48 * 1024)
         CU_CHECK(moe_cu.cuFuncSetAttribute(*fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, k->smem));
+    if (k->tile.cluster) { /* CTA pairs (its __cluster_dims__): as many as can be resident size its grid */
+        const CUlaunchConfig cfg = {.gridDimX = 2 * (unsigned)(p->launcher.sms > 0 ? p->launcher.sms : 2),
+                                    .gridDimY = 1, .gridDimZ = 1, .blockDimX = (unsigned)k->threads, .blockDimY = 1,
+                                    .blockDimZ = 1, .sharedMemBytes = (unsigned)k->smem};
+        int n = 0;
+        CU_CHECK(moe_cu.cuOccupancyMaxActiveClusters(&n, *fn, &cfg));
+        if (n < 1)
+            return moe_fail(MOE_ERR_CUDA, "kernel '%s': no pair of its CTAs fits on the device", k->name);
+        if (p->launcher.clusters == 0 || n < p->launcher.clusters)
+            p->launcher.clusters = n;
+    }
     return MOE_OK;
 }
 

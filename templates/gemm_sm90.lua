@@ -89,6 +89,27 @@
 @ -- retired (a warpgroup with no rows in the tile arrives without
 @ -- computing, so the count is always 128 * CONSUMERS).
 @ --
+@ -- CTA pairs (p.tile.cluster, the tuning table's "+mc"; the persistent
+@ -- grids of the forward's bf16/fp16 GEMMs, never gathering): the kernel
+@ -- runs in 2-CTA clusters (__cluster_dims__), the grid's gridDim.x / 2
+@ -- pairs walking items (pair of M tiles 2i, 2i + 1; N tile) by the same
+@ -- raster over (mtiles + 1) / 2 pair rows; the CTA of cluster rank r takes
+@ -- M tile 2i + r. Both CTAs run every stage of an item one of them has
+@ -- rows in, in step (a CTA without rows releases its stages unread, as a
+@ -- consumer warpgroup without rows does). When both tiles have rows of one
+@ -- expert (share) they need the same B tile, so each loads it for alternate
+@ -- k tiles (r = kt % 2) by TMA multicast into both CTAs' stage (the same
+@ -- offset and full barrier in each); otherwise each loads its own. So a
+@ -- stage may be refilled only once both CTAs' consumers are done with it:
+@ -- empty[s] counts the CTA's own releasing threads plus one arrival per
+@ -- releasing warp of the other CTA (lane 0's, through mapa, after the
+@ -- warp's wgmma retired), and full[s] expects the bytes that will land in
+@ -- this CTA (its A if it has rows, B if it has rows or shares; the peer's
+@ -- multicast may complete before this CTA's expect_tx, which the
+@ -- transaction count allows). A cluster barrier after the barriers' init
+@ -- and one before exit keep every remote arrival and copy within the
+@ -- other CTA's lifetime.
+@ --
 @ -- Gather (p.tile.gather, the up GEMM of a spec with gen/spec.h's
 @ -- moe_spec_gather; docs/DESIGN.md, "The gathered up GEMM"): the kernel takes
 @ -- x and src_of last. Given src_of, the whole producer warpgroup loads A
@@ -212,6 +233,11 @@
 @   c.evict = t.evict == 1
 @   need(not c.evict or kind == "up", "tile.evict: the up GEMM only")
 @   need(not c.gather or (kind == "up" and not c.fp8), "tile.gather: the bf16/fp16 up GEMM only")
+@   -- "+mc" (gen/tuning.h): CTA pairs, the shared B tile multicast
+@   c.mc = t.cluster == 1
+@   need(not c.mc or (t.persistent == 1 and not c.fp8 and not c.gather and not c.evict and (t.splitk or 0) == 0
+@                     and (kind == "up" or kind == "down")),
+@        "tile.cluster: the forward's bf16/fp16 GEMMs on a persistent grid, not gathering, without evict")
 @   need(t.persistent == nil or t.persistent == 0 or t.persistent == 1, "tile.persistent must be 0 or 1")
 @   -- split-K (tile.splitk = S > 0): S CTAs per tile, CTA b the split b % S of
 @   -- tile b / S, over k tiles [split_kt(split), split_kt(split + 1))
@@ -223,9 +249,13 @@
 @          "split-K: the forward's bf16/fp16 GEMMs on the one-CTA-per-tile grid")
 @     c.lin0, c.lstep = "(int)blockIdx.x / SPLITK", "(int)gridDim.x / SPLITK"
 @     c.kt_lo, c.kt_hi = "split_kt(split_of())", "split_kt(split_of() + 1)"
+@   elseif c.mc then  -- the cluster's items (pair of M tiles, N tile): pair_of
+@     c.lin0, c.lstep, c.kt_lo, c.kt_hi = "((int)blockIdx.x >> 1)", "((int)gridDim.x >> 1)", "0", "KTILES"
 @   else
 @     c.lin0, c.lstep, c.kt_lo, c.kt_hi = "(int)blockIdx.x", "(int)gridDim.x", "0", "KTILES"
 @   end
+@   -- a consumer's release of a stage: its own arrival, in CTA pairs the other CTA's too
+@   c.release = c.mc and "release" or "bar_arrive"
 @   -- one CTA per tile stages its whole output tile in the ring once the
 @   -- main loop is done; a persistent CTA keeps loading the next tile into
 @   -- the ring meanwhile, so it stages through its own tile, in passes
@@ -385,6 +415,40 @@ static __device__ __forceinline__ void fence_proxy_async() {
 static __device__ __forceinline__ void consumers_sync() {
     asm volatile("bar.sync 1, %0;\n" :: "n"(CTHREADS) : "memory");
 }
+@ if c.mc then
+/* CTA pairs: this CTA's rank in its cluster (0 or 1). */
+static __device__ __forceinline__ int pair_rank() {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return (int)r;
+}
+/* tma_load into both CTAs of the pair: the same smem offset s and
+ * mbarrier b in each, which the box's bytes complete. */
+static __device__ __forceinline__ void tma_load_pair(unsigned s, const moe_tmap_t *map, int k0, int row, unsigned b) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
+                 " [%0], [%1, {%2, %3}], [%4], %5;\n"
+                 :: "r"(s), "l"((unsigned long long)map), "r"(k0), "r"(row), "r"(b), "h"((unsigned short)3)
+                 : "memory");
+}
+/* A consumer thread's release of the stage whose empty barrier is at b:
+ * its own arrival, and for its warp (lane 0, once the warp's wgmma that
+ * read the stage retired) one on the other CTA's barrier at the same
+ * offset, whose multicast writes this CTA's stage too. */
+static __device__ __forceinline__ void release(unsigned b) {
+    bar_arrive(b);
+    if ((threadIdx.x & 31) == 0)
+        asm volatile("{\n"
+                     ".reg .b32 ra;\n"
+                     "mapa.shared::cluster.u32 ra, %0, %1;\n"
+                     "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n"
+                     "}\n" :: "r"(b), "r"(pair_rank() ^ 1) : "memory");
+}
+/* Every thread of both CTAs (release / acquire at cluster scope). */
+static __device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release;\n"
+                 "barrier.cluster.wait.acquire;\n" ::: "memory");
+}
+@ end
 static __device__ __forceinline__ void st_shared_u32(unsigned s, unsigned v) {
     asm volatile("st.shared.u32 [%0], %1;\n" :: "r"(s), "r"(v) : "memory");
 }
@@ -648,6 +712,30 @@ static __device__ __forceinline__ void ring_skip(int &s, unsigned &phase) {
 @ end
 
 @   import("gemm_sm80").tile_of(c.group_m)
+@ if c.mc then
+/* CTA pairs: item lin of the pair grid (pair row i = M tiles 2i and 2i +
+ * 1, N tile nt, by the raster over the (mtiles + 1) / 2 pair rows): this
+ * CTA's M tile mt (2i + rank), whether it has rows (mine), whether either
+ * has (any: both CTAs run the item's stages), and whether both have rows
+ * of one expert (share: one B tile, multicast). */
+struct pair_item {
+    int mt, nt;
+    bool mine, any, share;
+};
+static __device__ __forceinline__ pair_item pair_of(int lin, int mtiles, const moe_tile_t *__restrict__ tiles,
+                                                    int rank) {
+    pair_item it;
+    int pi;
+    tile_of(lin, (mtiles + 1) >> 1, NTILES, pi, it.nt);
+    const int m0 = 2 * pi;
+    const bool v0 = tiles[m0].rows > 0, v1 = m0 + 1 < mtiles && tiles[m0 + 1].rows > 0;
+    it.mt = m0 + rank;
+    it.mine = rank ? v1 : v0;
+    it.any = v0 || v1;
+    it.share = v0 && v1 && tiles[m0].expert == tiles[m0 + 1].expert;
+    return it;
+}
+@ end
 
 /* The producer (one thread): for every tile of this CTA, every k tile of
  * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
@@ -661,6 +749,43 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
 @ if c.evict then
     const unsigned long long pol_b = l2_evict_first();
 @ end
+@ if c.mc then
+    const int rank = pair_rank();
+    for (int lin = ${c.lin0}; lin < ((mtiles + 1) >> 1) * NTILES; lin += ${c.lstep}) {
+        const pair_item it = pair_of(lin, mtiles, tiles, rank);
+        if (!it.any)
+            continue;
+        const int expert = it.mine ? tiles[it.mt].expert : 0, row_start = it.mine ? tiles[it.mt].row_start : 0;
+        const int brow = expert * N + it.nt * BN;
+        /* what lands here: A if this CTA has rows, B if it has or the pair shares it */
+        const unsigned bytes = (it.mine ? A_BYTES : 0) + (it.mine || it.share ? STAGE_BYTES - A_BYTES : 0);
+        for (int kt = 0; kt < KTILES; ++kt) {
+            const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
+            bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);  /* both CTAs' consumers released it */
+            bar_arrive_expect_tx(full, bytes);
+            if (it.mine) {
+#pragma unroll
+                for (int a = 0; a < KATOMS; ++a)
+                    tma_load(so + a * (BM * 128), ma, kt * BK + a * 64, row_start, full);
+            }
+            if (it.share) {  /* the CTA of rank kt % 2 loads B into both */
+                if ((kt & 1) == rank) {
+#pragma unroll
+                    for (int a = 0; a < KATOMS; ++a)
+                        tma_load_pair(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
+                }
+            } else if (it.mine) {
+#pragma unroll
+                for (int a = 0; a < KATOMS; ++a)
+                    tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
+            }
+            if (++s == STAGES) {
+                s = 0;
+                phase ^= 1;
+            }
+        }
+    }
+@ else
     for (int lin = ${c.lin0}; lin < mtiles * NTILES; lin += ${c.lstep}) {
         int mt, nt;
         tile_of(lin, mtiles, NTILES, mt, nt);
@@ -696,6 +821,7 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
             }
         }
     }
+@ end
 }
 
 @ if c.gather then
@@ -817,7 +943,7 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
         wgmma_commit();
         wgmma_wait<1>();
         if (kt > ${c.kt_lo})
-            bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
+            ${c.release}(sbase + BAR_OFF + (STAGES + prev) * 8);
         prev = s;
         if (++s == STAGES) {
             s = 0;
@@ -828,7 +954,7 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
     order_arrive(cw);
 @ end
     wgmma_wait<0>();
-    bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
+    ${c.release}(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
     for (int m = 0; m < WM; ++m)
         fence_acc(acc[m]);
@@ -840,7 +966,7 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
 static __device__ __forceinline__ void skip_tile(unsigned sbase, int &s, unsigned &phase) {
     for (int kt = ${c.kt_lo}; kt < ${c.kt_hi}; ++kt) {
         bar_wait(sbase + BAR_OFF + s * 8, phase);
-        bar_arrive(sbase + BAR_OFF + (STAGES + s) * 8);
+        ${c.release}(sbase + BAR_OFF + (STAGES + s) * 8);
         if (++s == STAGES) {
             s = 0;
             phase ^= 1;
@@ -933,6 +1059,19 @@ static __device__ __forceinline__ bool splitk_reduce(float (&acc)[WM][NACC], flo
 @ end
 @ end
 @
+@ -- CTA pairs: the consumers' loop over the pair grid's items, opened with
+@ -- the names the tile loop gives its body (nt, expert, row_start, rows: 0
+@ -- where this CTA's tile has none, its stages released unread); ind: the
+@ -- loop's indentation.
+@ local function pair_loop(c, ind)
+${ind}for (int lin = ${c.lin0}; lin < ((mtiles + 1) >> 1) * NTILES; lin += ${c.lstep}) {
+${ind}    const pair_item it = pair_of(lin, mtiles, tiles, rank);
+${ind}    if (!it.any)
+${ind}        continue;
+${ind}    const int nt = it.nt, expert = it.mine ? tiles[it.mt].expert : 0;
+${ind}    const int row_start = it.mine ? tiles[it.mt].row_start : 0, rows = it.mine ? tiles[it.mt].rows : 0;
+@ end
+@
 @ -- The ping-pong consumers' tile loop (in place of the shared one in
 @ -- kernel; the same names in scope for epilogue, with cw the warpgroup
 @ -- running the whole tile and sst its own staging tile).
@@ -948,18 +1087,29 @@ static __device__ __forceinline__ bool splitk_reduce(float (&acc)[WM][NACC], flo
 @   if bias_arg and not p.ffn_bias then
         (void)${bias_arg};
 @   end
+@   if c.mc then
+@     pair_loop(c, "        ")
+@   else
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
             const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
             if (rows <= 0)
                 continue;
+@   end
             if ((jt++ & 1) != cw) {  /* the other warpgroup's tile: step over its stages */
                 ring_skip(s, phase);
                 continue;
             }
             if (jt > 1)
                 order_wait(cw);  /* the other warpgroup issued the main loop of tile jt - 2 */
+@   if c.mc then
+            if (rows <= 0) {  /* the pair's other CTA's tile alone: release the stages unread */
+                skip_tile(sbase, s, phase);
+                order_arrive(cw);
+                continue;
+            }
+@   end
             const int n0 = nt * BN;
             (void)expert;
             float acc[WM][NACC];
@@ -1015,7 +1165,7 @@ namespace ${p.kernel}_impl {
 }  // namespace ${p.kernel}_impl
 #endif
 
-extern "C" __global__ void __launch_bounds__(${p.threads}, 1)
+extern "C" __global__ void __launch_bounds__(${p.threads}, 1)${c.mc and " __cluster_dims__(2, 1, 1)" or ""}
 ${p.kernel}(${args}) {
 ${ARCH_GUARD}
     moe_pdl_begin();
@@ -1033,11 +1183,20 @@ ${ARCH_GUARD}
 #pragma unroll
         for (int s = 0; s < STAGES; ++s) {
             bar_init(sbase + BAR_OFF + s * 8, ${c.gather and "src_of ? 1 + 128 : 1" or "1"});
+@   if c.mc then
+            bar_init(sbase + BAR_OFF + (STAGES + s) * 8, ${c.releasers} + ${c.releasers} / 32);  /* and the other CTA's warps */
+@   else
             bar_init(sbase + BAR_OFF + (STAGES + s) * 8, ${c.releasers});
+@   end
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
+@   if c.mc then
+    cluster_sync();  /* both CTAs' barriers initialized before any copy or arrival reaches them */
+    const int rank = pair_rank();
+    (void)rank;
+@   end
     if (wg == 0) {
 @   if c.consumer_regs then
         asm volatile("setmaxnreg.dec.sync.aligned.u32 ${c.producer_regs};\n" ::: "memory");
@@ -1068,12 +1227,16 @@ ${ARCH_GUARD}
 @   if bias_arg and not p.ffn_bias then
         (void)${bias_arg};
 @   end
+@   if c.mc then
+@     pair_loop(c, "        ")
+@   else
         for (int lin = ${c.lin0}; lin < mtiles * NTILES; lin += ${c.lstep}) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
             const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
             if (rows <= 0)
                 continue;
+@   end
             const int n0 = nt * BN;
             (void)expert;
             /* consumer warpgroups with rows of the tile; the others only release the stages */
@@ -1164,6 +1327,9 @@ ${ARCH_GUARD}
         }
 @   end
     }
+@   if c.mc then
+    cluster_sync();  /* no CTA leaves while the other may still arrive on its barriers */
+@   end
 #else
 @   for v in args:gmatch("([%w_]+),") do
     (void)${v};

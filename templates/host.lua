@@ -138,6 +138,7 @@ typedef struct {
     std::atomic<int> ready;
     int use90;      /* the sm_90a GEMMs: compute capability 9.x */
     int sms;        /* multiprocessors (the persistent GEMMs' grid) */
+    int clusters;   /* CTA pairs of the "+mc" GEMMs resident at once (the fewest over them): their grid; 0 none */
     int *slot_of;   /* ${n}_slot_table's address on this device */
     int route_fuse; /* 0 with MOEGEN_ROUTE_FUSE=off (read on the first call): route, permute_plan and
                        permute_scatter always launched apart (moe_route_fuse_mode) */
@@ -203,6 +204,25 @@ static cudaError_t ${n}_device_init(${n}_device_t *d, int dev) {
 @     if kd.smem > 48 * 1024 and not raised[kd.name] then
 @       raised[kd.name] = true
     if ((e = cudaFuncSetAttribute(${kd.name}, cudaFuncAttributeMaxDynamicSharedMemorySize, ${kd.smem})) != cudaSuccess) return e;
+@     end
+@   end
+@ end
+@ -- the CTA-pair GEMMs ("+mc"): as many pairs as can be resident size their grid (moe_sm90_pair_ctas)
+@ local asked = {}
+@ for _, set in ipairs(sets) do
+@   for _, kd in ipairs(set) do
+@     if kd.cluster and not asked[kd.name] then
+@       asked[kd.name] = true
+    if (d->use90) {
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3(2 * (unsigned)d->sms);
+        cfg.blockDim = dim3(${kd.threads});
+        cfg.dynamicSmemBytes = ${kd.smem};
+        int n = 0;
+        if ((e = cudaOccupancyMaxActiveClusters(&n, (const void *)${kd.name}, &cfg)) != cudaSuccess) return e;
+        if (n < 1) return cudaErrorInvalidConfiguration;
+        if (d->clusters == 0 || n < d->clusters) d->clusters = n;
+    }
 @     end
 @   end
 @ end
@@ -405,7 +425,9 @@ ${ind}        return e;
 @     if (kd.splitk or 0) > 0 then tail = tail .. ", splitk, counts + " .. p.splitk_tickets_at end
 @     if kd.gather then tail = tail .. ", (const moe_half_t *)a->x, (const int *)gsrc" end
 @   end
-${ind}    ${n}_launch(pdl, ${kd.name}, dim3(moe_sm90_ctas((unsigned long long)tiles_y * ${kd.ntiles}, ${kd.persistent and "1" or "0"}, ${kd.splitk or 0}, ${kd.persistent and "dev->sms" or "0"})), ${kd.threads}, ${kd.smem}, stream, ma, mb, ${mid}(const moe_half_t *)${bias}, tiles, num_tiles, ${out}${tail});
+@   local grid = kd.cluster and string.format("moe_sm90_pair_ctas((unsigned long long)tiles_y, %d, dev->clusters, dev->sms)", kd.ntiles)
+@     or string.format("moe_sm90_ctas((unsigned long long)tiles_y * %d, %s, %d, %s)", kd.ntiles, kd.persistent and "1" or "0", kd.splitk or 0, kd.persistent and "dev->sms" or "0")
+${ind}    ${n}_launch(pdl, ${kd.name}, dim3(${grid}), ${kd.threads}, ${kd.smem}, stream, ma, mb, ${mid}(const moe_half_t *)${bias}, tiles, num_tiles, ${out}${tail});
 @ end
 @ -- one GEMM on the 2D grid of the sm_80 kernels (N tiles x M tiles), raw
 @ -- pointers: the sm_80 kernels and the sm_90a gemv grid's (gemm_gemv.lua;

@@ -746,6 +746,65 @@ int main(void) {
         moe_fileset_free(&fs);
         moe_tuning_free(&ef);
 
+        CASE("variants: +mc parsed (with +pdl, either order); both GEMMs of its buckets run in CTA pairs, never "
+             "gathering: their names, cluster dims, multicast loads, the launcher's pair grid and the manifest");
+        moe_tuning_t mc;
+        const char *mct = "8 2 4096 12288 bf16 sm_90a 128 64 128 64 6 1 8 persist  1 2 2026-12-07 NVIDIA H100\n"
+                          "8 2 4096 12288 bf16 sm_90a 512 64 256 64 4 2 8 pingpong+mc+pdl  1 2 2026-12-07 H100\n"
+                          "8 2 4096 12288 bf16 sm_90a 1024 128 256 64 4 2 8 persist+pdl+mc  1 2 2026-12-07 H100\n";
+        CHECKF(parse(&mc, mct, &d) == 0, "%s", d.msg);
+        CHECK(mc.n == 3 && !mc.e[0].cluster && mc.e[1].cluster && mc.e[1].pdl && mc.e[1].pingpong &&
+              mc.e[2].cluster && mc.e[2].pdl && !mc.e[2].pingpong);
+        CHECK(plan_of(&pd, big, &mc) == 0);
+        CHECK(pd.nvariants == 3);
+        if (pd.nvariants == 3) {
+            for (int v = 0; v < 3; v++)
+                for (int f = MOE_K_GEMM_UP; f <= MOE_K_GEMM_DOWN; f += MOE_K_GEMM_DOWN - MOE_K_GEMM_UP) {
+                    const moe_kernel_desc_t *k = &pd.variants[v].kernels[MOE_ARCH_SM90A][f];
+                    CHECK(k->tile.cluster == (v > 0));
+                    CHECK((strstr(k->name, "_mc") != NULL) == (v > 0));
+                }
+            const moe_kernel_desc_t *u0 = &pd.variants[0].kernels[MOE_ARCH_SM90A][MOE_K_GEMM_UP],
+                                    *u1 = &pd.variants[1].kernels[MOE_ARCH_SM90A][MOE_K_GEMM_UP];
+            CHECK(moe_gemm_gathers(&pd.spec, u0) && !moe_gemm_gathers(&pd.spec, u1)); /* pairs never gather */
+            CHECK(strstr(u0->name, "_gx") && !strstr(u1->name, "_gx"));
+        }
+        CHECKF(moe_emit_source(&pd, NULL, &src, &ed) == 0, "%s", ed.msg);
+        text = src.data ? src.data : "";
+        {   /* four kernels in pairs (two buckets' up and down), each loading its B tile into both CTAs */
+            int dims = 0, pair_loads = 0;
+            for (const char *q = text; (q = strstr(q, " __cluster_dims__(2, 1, 1)\n")); q++)
+                dims++;
+            for (const char *q = text; (q = strstr(q, "tma_load_pair(so + A_BYTES + a * (BN * 128), mb, kt * BK + "
+                                                  "a * 64, brow, full);")); q++)
+                pair_loads++;
+            CHECK(dims == 4 && pair_loads == 4);
+            CHECK(strstr(text, "bar_init(sbase + BAR_OFF + (STAGES + s) * 8, 128 + 128 / 32);") &&
+                  strstr(text, "bar_init(sbase + BAR_OFF + (STAGES + s) * 8, CTHREADS + CTHREADS / 32);"));
+        }
+        moe_buf_free(&src);
+        CHECKF(moe_emit_files(&pd, NULL, &fs, &ed) == 0, "%s", ed.msg);
+        man = NULL;
+        int pair_grids = 0;
+        for (int i = 0; i < fs.nfiles; i++) {
+            if (strcmp(fs.files[i].path, "manifest.json") == 0)
+                man = fs.files[i].data.data;
+            for (const char *q = fs.files[i].data.data; q && (q = strstr(q, "moe_sm90_pair_ctas((unsigned long long)"
+                                                                          "tiles_y, ")); q++)
+                pair_grids++; /* the vendored launcher sizes the pair kernels' grids by their pairs */
+        }
+        CHECK(pair_grids == 4);
+        {
+            int n = 0;
+            for (const char *q = man; q && (q = strstr(q, "\"cluster\": 2")); q++)
+                n++;
+            CHECK(man && n == 4);
+        }
+        moe_fileset_free(&fs);
+        moe_tuning_free(&mc);
+        CHECK(moe_sm90_pair_ctas(5, 3, 4, 132) == 8 && moe_sm90_pair_ctas(5, 3, 0, 132) == 18 &&
+              moe_sm90_pair_ctas(5, 3, 0, 8) == 8 && moe_sm90_pair_ctas(0, 3, 4, 132) == 2);
+
         CASE("variants: a training plan's saved region, the cuDNN path's tile table cover the capacity's variant");
         CHECK(plan_of(&pd, "name = 'mx'\nexperts = 8\ntop_k = 2\nhidden = 4096\nffn = 12288\ntokens = 16384\n"
                            "training = true\n", &t) == 0);
@@ -1113,8 +1172,9 @@ int main(void) {
                  "('persistent')");
     expect_error("8 2 4096 12288 bf16 sm_90a 1 64 48 64 2 1 1 gemv 1 2 2026-12-04 H200\n",
                  "t.tune:1: error: gemv: bn (the weight rows per CTA) must be 8, 16, 32, 64, 128 or 256");
-#define SUFFIXES "t.tune:1: error: the grid's suffixes are +pdl (launch overlap for the bucket's calls) and +ef (the " \
-                 "up GEMM's weights loaded evict-first in L2), each at most once "
+#define SUFFIXES "t.tune:1: error: the grid's suffixes are +pdl (launch overlap for the bucket's calls), +ef (the " \
+                 "up GEMM's weights loaded evict-first in L2) and +mc (CTA pairs sharing the weight tile by TMA " \
+                 "multicast), each at most once "
     expect_error("8 2 4096 12288 bf16 sm_90a 1 64 32 64 2 1 1 gemv+pd 1 2 2026-12-07 H100\n", SUFFIXES "('gemv+pd')");
     expect_error("8 2 4096 12288 bf16 sm_90a 1 64 32 64 2 1 1 gemv+pdl+pdl 1 2 2026-12-07 H100\n",
                  SUFFIXES "('gemv+pdl+pdl')");
@@ -1122,7 +1182,17 @@ int main(void) {
                  SUFFIXES "('tile+ef+pdl+ef')");
     expect_error("8 2 4096 12288 bf16 sm_90a 1 64 128 64 2 1 8 tile+ 1 2 2026-12-07 H100\n", SUFFIXES "('tile+')");
     expect_error("8 2 4096 12288 bf16 sm_90a 1 64 128 64 2 1 8 tile+efx 1 2 2026-12-07 H100\n", SUFFIXES "('tile+efx')");
+    expect_error("8 2 4096 12288 bf16 sm_90a 1 64 256 64 4 2 8 pingpong+mc+mc 1 2 2026-12-07 H100\n",
+                 SUFFIXES "('pingpong+mc+mc')");
 #undef SUFFIXES
+#define PAIRS "t.tune:1: error: +mc: the persistent grids of bf16/fp16 entries (persist, pingpong), without +ef "
+    expect_error("8 2 4096 12288 bf16 sm_90a 1 64 128 64 2 1 8 tile+mc 1 2 2026-12-07 H100\n", PAIRS "('tile')");
+    expect_error("8 2 4096 12288 bf16 sm_90a 1 64 32 64 2 1 1 gemv+mc 1 2 2026-12-07 H100\n", PAIRS "('gemv')");
+    expect_error("8 2 4096 12288 bf16 sm_90a 1 128 256 64 4 2 8 persist+ef+mc 1 2 2026-12-07 H100\n",
+                 PAIRS "('persist')");
+    expect_error("8 2 4096 12288 e4m3 sm_90a 1 64 256 128 4 1 8 persist+mc 1 2 2026-12-07 H100\n", PAIRS "('persist')");
+    expect_error("8 2 4096 12288 bf16 sm_90a 1 64 128 64 2 1 8 splitk4+mc 1 2 2026-12-07 H100\n", PAIRS "('splitk4')");
+#undef PAIRS
     expect_error("8 2 4096 12288 bf16 sm_90a 1 64 32 64 2 1 1 gemv3+ef 1 2 2026-12-07 H100\n",
                  "t.tune:1: error: +ef: the TMA grids only (tile, persist, pingpong, splitkS: the gemv, stream and "
                  "chain grids load no TMA boxes) ('gemv3')");

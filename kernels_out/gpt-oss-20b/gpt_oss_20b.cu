@@ -1109,18 +1109,18 @@ gpt_oss_20b_permute_plan_e32_a128(const int *__restrict__ counts, const int *__r
 }
 
 
-#line 1011 "templates/gemm_sm90.lua"
+#line 1161 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_gx_impl {
-#line 269 "templates/gemm_sm90.lua"
+#line 299 "templates/gemm_sm90.lua"
 constexpr int BM = 64, BN = 256, BK = 64, STAGES = 4, CONSUMERS = 2;
 constexpr int K = 2880;        /* reduction length */
 constexpr int N = 5760;        /* rows of B per expert */
 constexpr int NOUT = 2880;  /* output row length */
 constexpr int BNO = 128;    /* output columns per tile */
-#line 275 "templates/gemm_sm90.lua"
+#line 305 "templates/gemm_sm90.lua"
 constexpr int WG_ROWS = BM;              /* rows per consumer warpgroup: the whole tile (ping-pong) */
-#line 279 "templates/gemm_sm90.lua"
+#line 309 "templates/gemm_sm90.lua"
 constexpr int WM = WG_ROWS / 64;         /* m64 wgmma blocks per consumer */
 constexpr int NACC = BN / 2;             /* fp32 accumulators per thread and m64 block */
 constexpr int A_BYTES = 8192, STAGE_BYTES = 40960;
@@ -1130,24 +1130,24 @@ constexpr bool PERSISTENT = true;
 constexpr int RING = STAGES * STAGE_BYTES;
 /* the staging tile: its own after the ring on a persistent grid; with one
  * CTA per tile, the ring itself once the main loop is done */
-#line 289 "templates/gemm_sm90.lua"
+#line 319 "templates/gemm_sm90.lua"
 constexpr int EPI_BYTES = (BM * LDC * 2 + 15) / 16 * 16;  /* one staging tile; consumer warpgroup w's at EPI_OFF + w * EPI_BYTES */
 constexpr int EPI_OFF = RING;
 constexpr int BAR_OFF = RING + 2 * EPI_BYTES;  /* full[STAGES], then empty[STAGES] */
 constexpr int ORDER_BAR = 2;  /* named barriers ORDER_BAR + w: warpgroup w may start its next main loop */
 constexpr int EPI_BAR = 4;    /* named barriers EPI_BAR + w: warpgroup w's own (its staging passes) */
-#line 308 "templates/gemm_sm90.lua"
+#line 338 "templates/gemm_sm90.lua"
 static_assert(PERSISTENT || BM * LDC * 2 <= RING, "the output tile (BM x LDC halves) fits in the stages");
 /* the plan's numbers (gen/family_gemm.c): this layout must be its shared
  * memory exactly (moe_gemm_sm90_smem), the block one producer and
  * CONSUMERS consumer warpgroups */
 static_assert(BAR_OFF + 16 * STAGES == 198720, "the shared-memory layout is the plan's (moe_gemm_sm90_smem)");
 static_assert(384 == 128 * (CONSUMERS + 1), "threads: one producer and CONSUMERS consumer warpgroups");
-#line 320 "templates/gemm_sm90.lua"
+#line 350 "templates/gemm_sm90.lua"
 constexpr int KTILES = (K + BK - 1) / BK, KSTEPS = BK / 16, KATOMS = BK / 64;
-#line 322 "templates/gemm_sm90.lua"
+#line 352 "templates/gemm_sm90.lua"
 constexpr int NTILES = (N + BN - 1) / BN;  /* N tiles per M tile */
-#line 330 "templates/gemm_sm90.lua"
+#line 360 "templates/gemm_sm90.lua"
 constexpr int CTHREADS = 128 * CONSUMERS;
 constexpr bool N_TAIL = true;
 constexpr bool OUT_TAIL = true;
@@ -1182,7 +1182,7 @@ static __device__ __forceinline__ void tma_load(unsigned s, const moe_tmap_t *ma
                  " [%0], [%1, {%2, %3}], [%4];\n"
                  :: "r"(s), "l"((unsigned long long)map), "r"(k0), "r"(row), "r"(b) : "memory");
 }
-#line 379 "templates/gemm_sm90.lua"
+#line 409 "templates/gemm_sm90.lua"
 static __device__ __forceinline__ void tma_prefetch_map(const moe_tmap_t *map) {
     asm volatile("prefetch.tensormap [%0];\n" :: "l"((unsigned long long)map) : "memory");
 }
@@ -1192,6 +1192,7 @@ static __device__ __forceinline__ void fence_proxy_async() {
 static __device__ __forceinline__ void consumers_sync() {
     asm volatile("bar.sync 1, %0;\n" :: "n"(CTHREADS) : "memory");
 }
+#line 452 "templates/gemm_sm90.lua"
 static __device__ __forceinline__ void st_shared_u32(unsigned s, unsigned v) {
     asm volatile("st.shared.u32 [%0], %1;\n" :: "r"(s), "r"(v) : "memory");
 }
@@ -1207,10 +1208,10 @@ static __device__ __forceinline__ void copy16_s2g(void *g, unsigned s) {
 static __device__ __forceinline__ unsigned long long sdesc(unsigned addr) {
     return (unsigned long long)((addr & 0x3FFFFu) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
 }
-#line 414 "templates/gemm_sm90.lua"
+#line 478 "templates/gemm_sm90.lua"
 /* d (64 x BN fp32, this thread's part) += A(64 x 16) . B(BN x 16)^T. */
 static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long long da, unsigned long long db) {
-#line 418 "templates/gemm_sm90.lua"
+#line 482 "templates/gemm_sm90.lua"
     asm volatile("{\n"
                  ".reg .pred p;\n"
                  "setp.ne.b32 p, %130, 0;\n"
@@ -1218,77 +1219,77 @@ static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long lon
                  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127},\n"
                  "%128, %129, p, 1, 1, 0, 0;\n"
                  "}\n"
-#line 427 "templates/gemm_sm90.lua"
+#line 491 "templates/gemm_sm90.lua"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-#line 427 "templates/gemm_sm90.lua"
+#line 491 "templates/gemm_sm90.lua"
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-#line 427 "templates/gemm_sm90.lua"
+#line 491 "templates/gemm_sm90.lua"
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-#line 427 "templates/gemm_sm90.lua"
+#line 491 "templates/gemm_sm90.lua"
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-#line 427 "templates/gemm_sm90.lua"
+#line 491 "templates/gemm_sm90.lua"
                    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-#line 427 "templates/gemm_sm90.lua"
+#line 491 "templates/gemm_sm90.lua"
                    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-#line 427 "templates/gemm_sm90.lua"
+#line 491 "templates/gemm_sm90.lua"
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-#line 427 "templates/gemm_sm90.lua"
+#line 491 "templates/gemm_sm90.lua"
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-#line 427 "templates/gemm_sm90.lua"
+#line 491 "templates/gemm_sm90.lua"
                    "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-#line 427 "templates/gemm_sm90.lua"
+#line 491 "templates/gemm_sm90.lua"
                    "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-#line 427 "templates/gemm_sm90.lua"
+#line 491 "templates/gemm_sm90.lua"
                    "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-#line 427 "templates/gemm_sm90.lua"
+#line 491 "templates/gemm_sm90.lua"
                    "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-#line 427 "templates/gemm_sm90.lua"
+#line 491 "templates/gemm_sm90.lua"
                    "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-#line 427 "templates/gemm_sm90.lua"
+#line 491 "templates/gemm_sm90.lua"
                    "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-#line 427 "templates/gemm_sm90.lua"
+#line 491 "templates/gemm_sm90.lua"
                    "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-#line 427 "templates/gemm_sm90.lua"
+#line 491 "templates/gemm_sm90.lua"
                    "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-#line 429 "templates/gemm_sm90.lua"
+#line 493 "templates/gemm_sm90.lua"
                  : "l"(da), "l"(db), "r"(1));
 }
 /* Keep the compiler from moving accumulator accesses across a wgmma wait. */
 static __device__ __forceinline__ void fence_acc(float (&d)[NACC]) {
     asm volatile(""
-#line 435 "templates/gemm_sm90.lua"
+#line 499 "templates/gemm_sm90.lua"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-#line 435 "templates/gemm_sm90.lua"
+#line 499 "templates/gemm_sm90.lua"
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-#line 435 "templates/gemm_sm90.lua"
+#line 499 "templates/gemm_sm90.lua"
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-#line 435 "templates/gemm_sm90.lua"
+#line 499 "templates/gemm_sm90.lua"
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-#line 435 "templates/gemm_sm90.lua"
+#line 499 "templates/gemm_sm90.lua"
                    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-#line 435 "templates/gemm_sm90.lua"
+#line 499 "templates/gemm_sm90.lua"
                    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-#line 435 "templates/gemm_sm90.lua"
+#line 499 "templates/gemm_sm90.lua"
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-#line 435 "templates/gemm_sm90.lua"
+#line 499 "templates/gemm_sm90.lua"
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-#line 435 "templates/gemm_sm90.lua"
+#line 499 "templates/gemm_sm90.lua"
                    "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-#line 435 "templates/gemm_sm90.lua"
+#line 499 "templates/gemm_sm90.lua"
                    "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-#line 435 "templates/gemm_sm90.lua"
+#line 499 "templates/gemm_sm90.lua"
                    "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-#line 435 "templates/gemm_sm90.lua"
+#line 499 "templates/gemm_sm90.lua"
                    "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-#line 435 "templates/gemm_sm90.lua"
+#line 499 "templates/gemm_sm90.lua"
                    "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-#line 435 "templates/gemm_sm90.lua"
+#line 499 "templates/gemm_sm90.lua"
                    "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-#line 435 "templates/gemm_sm90.lua"
+#line 499 "templates/gemm_sm90.lua"
                    "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-#line 435 "templates/gemm_sm90.lua"
+#line 499 "templates/gemm_sm90.lua"
                    "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-#line 437 "templates/gemm_sm90.lua"
+#line 501 "templates/gemm_sm90.lua"
                  :: "memory");
 }
 static __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -1296,7 +1297,7 @@ static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.comm
 template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
-#line 627 "templates/gemm_sm90.lua"
+#line 691 "templates/gemm_sm90.lua"
 
 /* The ping-pong order: consumer warpgroup cw waits until the other one
  * arrived (having issued the main loop of the tile before cw's), and
@@ -1318,7 +1319,7 @@ static __device__ __forceinline__ void ring_skip(int &s, unsigned &phase) {
     s = p % STAGES;
     phase ^= (unsigned)(p / STAGES) & 1u;
 }
-#line 649 "templates/gemm_sm90.lua"
+#line 713 "templates/gemm_sm90.lua"
 
 #line 18 "templates/gemm_sm80.lua"
 /* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
@@ -1336,7 +1337,7 @@ static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, 
     nt = within / size;
 #line 36 "templates/gemm_sm80.lua"
 }
-#line 651 "templates/gemm_sm90.lua"
+#line 739 "templates/gemm_sm90.lua"
 
 /* The producer (one thread): for every tile of this CTA, every k tile of
  * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
@@ -1347,16 +1348,16 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
                                                const moe_tile_t *__restrict__ tiles, int mtiles) {
     int s = 0;
     unsigned phase = 0;
-#line 664 "templates/gemm_sm90.lua"
+#line 789 "templates/gemm_sm90.lua"
     for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
         int mt, nt;
         tile_of(lin, mtiles, NTILES, mt, nt);
         const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
         if (rows <= 0)
             continue;
-#line 673 "templates/gemm_sm90.lua"
+#line 798 "templates/gemm_sm90.lua"
         const int brow = expert * N + nt * BN;
-#line 675 "templates/gemm_sm90.lua"
+#line 800 "templates/gemm_sm90.lua"
         for (int kt = 0; kt < KTILES; ++kt) {
             const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
             bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
@@ -1364,9 +1365,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
 #pragma unroll
             for (int a = 0; a < KATOMS; ++a) {
                 tma_load(so + a * (BM * 128), ma, kt * BK + a * 64, row_start, full);
-#line 690 "templates/gemm_sm90.lua"
+#line 815 "templates/gemm_sm90.lua"
                 tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
-#line 692 "templates/gemm_sm90.lua"
+#line 817 "templates/gemm_sm90.lua"
             }
             if (++s == STAGES) {
                 s = 0;
@@ -1374,9 +1375,10 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
             }
         }
     }
+#line 825 "templates/gemm_sm90.lua"
 }
 
-#line 702 "templates/gemm_sm90.lua"
+#line 828 "templates/gemm_sm90.lua"
 /* The gathering producer (the call's src_of given; docs/DESIGN.md, "The
  * gathered up GEMM"): the 128 threads of warpgroup 0. Row i of a tile's A
  * is x[src_of[row_start + i]]; thread pt copies 16-byte chunk j = pt % 8 of
@@ -1399,7 +1401,7 @@ static __device__ __forceinline__ void produce_gather(unsigned sbase, const moe_
     constexpr int RPT = BM / 16;  /* rows per thread */
     const int j = pt & 7, r0 = pt >> 3;
     const unsigned my = (unsigned)r0 * 128u + ((unsigned)(j ^ (r0 & 7)) << 4);  /* in a stage's A atom */
-#line 727 "templates/gemm_sm90.lua"
+#line 853 "templates/gemm_sm90.lua"
     int s = 0;
     unsigned phase = 0;
     for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
@@ -1420,9 +1422,9 @@ static __device__ __forceinline__ void produce_gather(unsigned sbase, const moe_
                 bar_arrive_expect_tx(full, STAGE_BYTES - A_BYTES);
 #pragma unroll
                 for (int a = 0; a < KATOMS; ++a)
-#line 750 "templates/gemm_sm90.lua"
+#line 876 "templates/gemm_sm90.lua"
                     tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
-#line 752 "templates/gemm_sm90.lua"
+#line 878 "templates/gemm_sm90.lua"
             }
 #pragma unroll
             for (int a = 0; a < KATOMS; ++a) {
@@ -1446,14 +1448,14 @@ static __device__ __forceinline__ void produce_gather(unsigned sbase, const moe_
     asm volatile("cp.async.wait_all;\n" ::: "memory");
 }
 
-#line 776 "templates/gemm_sm90.lua"
+#line 902 "templates/gemm_sm90.lua"
 /* A consumer warpgroup (cw) on one tile: acc (its WG_ROWS x BN fp32 tile)
  * = A . B^T over all k tiles, from ring position (s, phase), which it
  * advances. The wgmma of k tile kt stay in flight while the warpgroup
  * waits for tile kt + 1; a stage is released once the wgmma that read it
  * retired (wait_group 1 after the next commit; the last one after
  * wait_group 0), so the producer refills it during the epilogue. */
-#line 783 "templates/gemm_sm90.lua"
+#line 909 "templates/gemm_sm90.lua"
 /* Ping-pong: the warpgroup's rows are the whole tile, of which the first
  * ACT m64 blocks are computed (a short tile's others stay 0: a compile-time
  * count, since a branch among the wgmma makes ptxas wait on them), and it
@@ -1462,15 +1464,15 @@ template <int ACT>
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
                                                unsigned &phase, bool gathered) {
     const unsigned long long da0 = sdesc(sbase);
-#line 801 "templates/gemm_sm90.lua"
+#line 927 "templates/gemm_sm90.lua"
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
     int prev = 0;
     for (int kt = 0; kt < KTILES; ++kt) {
         bar_wait(sbase + BAR_OFF + s * 8, phase);
-#line 806 "templates/gemm_sm90.lua"
+#line 932 "templates/gemm_sm90.lua"
         if (gathered)  /* A came by cp.async (generic proxy); wgmma reads by the async proxy */
             fence_proxy_async();
-#line 809 "templates/gemm_sm90.lua"
+#line 935 "templates/gemm_sm90.lua"
         wgmma_fence();
         const unsigned long long so = (unsigned long long)(s * (STAGE_BYTES >> 4));
 #pragma unroll
@@ -1489,9 +1491,9 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 828 "templates/gemm_sm90.lua"
+#line 954 "templates/gemm_sm90.lua"
     order_arrive(cw);
-#line 830 "templates/gemm_sm90.lua"
+#line 956 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -1537,7 +1539,7 @@ static __device__ __forceinline__ float swiglu(float gate, float up) {
     up = fminf(fmaxf(up, -7.0f), 7.0f);
     return (up + 1.0f) * gate * moe_sigmoid(1.702f * gate);
 }
-#line 1015 "templates/gemm_sm90.lua"
+#line 1165 "templates/gemm_sm90.lua"
 }  // namespace gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_gx_impl
 #endif
 
@@ -1559,43 +1561,48 @@ gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_gx(const __
 #pragma unroll
         for (int s = 0; s < STAGES; ++s) {
             bar_init(sbase + BAR_OFF + s * 8, src_of ? 1 + 128 : 1);
+#line 1189 "templates/gemm_sm90.lua"
             bar_init(sbase + BAR_OFF + (STAGES + s) * 8, 128);
+#line 1191 "templates/gemm_sm90.lua"
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
+#line 1200 "templates/gemm_sm90.lua"
     if (wg == 0) {
-#line 1043 "templates/gemm_sm90.lua"
+#line 1202 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 1046 "templates/gemm_sm90.lua"
+#line 1205 "templates/gemm_sm90.lua"
         if (src_of)  /* the rows gathered from x (the call's scatter wrote only the maps) */
             produce_gather(sbase, &w1p_map, tiles, mtiles, gx, src_of, tid);
         else if (tid == 0)
             produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
-#line 1054 "templates/gemm_sm90.lua"
+#line 1213 "templates/gemm_sm90.lua"
     } else {
-#line 1056 "templates/gemm_sm90.lua"
+#line 1215 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 940 "templates/gemm_sm90.lua"
+#line 1079 "templates/gemm_sm90.lua"
         /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
         const int cw = wg - 1, ct = tid & 127, w = ct >> 5, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF + (unsigned)cw * EPI_BYTES;
-#line 946 "templates/gemm_sm90.lua"
+#line 1085 "templates/gemm_sm90.lua"
         int s = 0, jt = 0;
         unsigned phase = 0;
-#line 951 "templates/gemm_sm90.lua"
+#line 1093 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
             const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
             if (rows <= 0)
                 continue;
+#line 1100 "templates/gemm_sm90.lua"
             if ((jt++ & 1) != cw) {  /* the other warpgroup's tile: step over its stages */
                 ring_skip(s, phase);
                 continue;
             }
             if (jt > 1)
                 order_wait(cw);  /* the other warpgroup issued the main loop of tile jt - 2 */
+#line 1113 "templates/gemm_sm90.lua"
             const int n0 = nt * BN;
             (void)expert;
             float acc[WM][NACC];
@@ -1608,24 +1615,24 @@ gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_gx(const __
             for (int m = 0; m < WM; ++m)
                 fence_acc(acc[m]);  /* the zeros are written before the main loop's wgmma.fence */
             /* consume arrives for the other warpgroup once its main loop is issued */
-#line 981 "templates/gemm_sm90.lua"
+#line 1131 "templates/gemm_sm90.lua"
             consume<1>(acc, sbase, cw, s, phase, src_of != nullptr);
-#line 988 "templates/gemm_sm90.lua"
+#line 1138 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 1286 "templates/gemm_sm90.lua"
+#line 1452 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
                      * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
                      * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 1291 "templates/gemm_sm90.lua"
+#line 1457 "templates/gemm_sm90.lua"
                     const moe_half_t *__restrict__ bias = b1p + (long long)expert * N + n0;
-#line 1293 "templates/gemm_sm90.lua"
+#line 1459 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1298 "templates/gemm_sm90.lua"
+#line 1464 "templates/gemm_sm90.lua"
                         float bg0 = 0.0f, bg1 = 0.0f, bu0 = 0.0f, bu1 = 0.0f;
                         if (!N_TAIL || n0 + j * 16 < N) {
                             const unsigned bg = *(const unsigned *)(bias + j * 16 + 2 * q);
@@ -1635,7 +1642,7 @@ gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_gx(const __
                             bu0 = moe_lo_float(bu);
                             bu1 = moe_hi_float(bu);
                         }
-#line 1308 "templates/gemm_sm90.lua"
+#line 1474 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -1644,55 +1651,56 @@ gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_gx(const __
                                 const float o0 = swiglu(acc[m][8 * j + 2 * h] + bg0, acc[m][8 * j + 4 + 2 * h] + bu0);
                                 const float o1 = swiglu(acc[m][8 * j + 2 * h + 1] + bg1, acc[m][8 * j + 5 + 2 * h] + bu1);
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
-#line 1323 "templates/gemm_sm90.lua"
+#line 1489 "templates/gemm_sm90.lua"
                             }
                     }
-#line 993 "templates/gemm_sm90.lua"
+#line 1143 "templates/gemm_sm90.lua"
                 }
                 wg_sync(cw);
                 store_staged(hbuf + ((long long)row_start * NOUT + n0 / 2 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 / 2 - pass * EPI_COLS, ct);
             }
-#line 999 "templates/gemm_sm90.lua"
+#line 1149 "templates/gemm_sm90.lua"
         }
         /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
         if (jt > 0 && (jt & 1) == cw)
             order_wait(cw);
-#line 1166 "templates/gemm_sm90.lua"
+#line 1329 "templates/gemm_sm90.lua"
     }
+#line 1333 "templates/gemm_sm90.lua"
 #else
-#line 1169 "templates/gemm_sm90.lua"
+#line 1335 "templates/gemm_sm90.lua"
     (void)xs_map;
-#line 1169 "templates/gemm_sm90.lua"
+#line 1335 "templates/gemm_sm90.lua"
     (void)w1p_map;
-#line 1169 "templates/gemm_sm90.lua"
+#line 1335 "templates/gemm_sm90.lua"
     (void)b1p;
-#line 1169 "templates/gemm_sm90.lua"
+#line 1335 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 1169 "templates/gemm_sm90.lua"
+#line 1335 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 1169 "templates/gemm_sm90.lua"
+#line 1335 "templates/gemm_sm90.lua"
     (void)hbuf;
-#line 1169 "templates/gemm_sm90.lua"
+#line 1335 "templates/gemm_sm90.lua"
     (void)gx;
-#line 1171 "templates/gemm_sm90.lua"
+#line 1337 "templates/gemm_sm90.lua"
     (void)src_of;
     __trap();
 #endif
 }
 
-#line 1011 "templates/gemm_sm90.lua"
+#line 1161 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_impl {
-#line 269 "templates/gemm_sm90.lua"
+#line 299 "templates/gemm_sm90.lua"
 constexpr int BM = 64, BN = 256, BK = 64, STAGES = 4, CONSUMERS = 2;
 constexpr int K = 2880;        /* reduction length */
 constexpr int N = 2880;        /* rows of B per expert */
 constexpr int NOUT = 2880;  /* output row length */
 constexpr int BNO = 256;    /* output columns per tile */
-#line 275 "templates/gemm_sm90.lua"
+#line 305 "templates/gemm_sm90.lua"
 constexpr int WG_ROWS = BM;              /* rows per consumer warpgroup: the whole tile (ping-pong) */
-#line 279 "templates/gemm_sm90.lua"
+#line 309 "templates/gemm_sm90.lua"
 constexpr int WM = WG_ROWS / 64;         /* m64 wgmma blocks per consumer */
 constexpr int NACC = BN / 2;             /* fp32 accumulators per thread and m64 block */
 constexpr int A_BYTES = 8192, STAGE_BYTES = 40960;
@@ -1702,24 +1710,24 @@ constexpr bool PERSISTENT = true;
 constexpr int RING = STAGES * STAGE_BYTES;
 /* the staging tile: its own after the ring on a persistent grid; with one
  * CTA per tile, the ring itself once the main loop is done */
-#line 289 "templates/gemm_sm90.lua"
+#line 319 "templates/gemm_sm90.lua"
 constexpr int EPI_BYTES = (BM * LDC * 2 + 15) / 16 * 16;  /* one staging tile; consumer warpgroup w's at EPI_OFF + w * EPI_BYTES */
 constexpr int EPI_OFF = RING;
 constexpr int BAR_OFF = RING + 2 * EPI_BYTES;  /* full[STAGES], then empty[STAGES] */
 constexpr int ORDER_BAR = 2;  /* named barriers ORDER_BAR + w: warpgroup w may start its next main loop */
 constexpr int EPI_BAR = 4;    /* named barriers EPI_BAR + w: warpgroup w's own (its staging passes) */
-#line 308 "templates/gemm_sm90.lua"
+#line 338 "templates/gemm_sm90.lua"
 static_assert(PERSISTENT || BM * LDC * 2 <= RING, "the output tile (BM x LDC halves) fits in the stages");
 /* the plan's numbers (gen/family_gemm.c): this layout must be its shared
  * memory exactly (moe_gemm_sm90_smem), the block one producer and
  * CONSUMERS consumer warpgroups */
 static_assert(BAR_OFF + 16 * STAGES == 198720, "the shared-memory layout is the plan's (moe_gemm_sm90_smem)");
 static_assert(384 == 128 * (CONSUMERS + 1), "threads: one producer and CONSUMERS consumer warpgroups");
-#line 320 "templates/gemm_sm90.lua"
+#line 350 "templates/gemm_sm90.lua"
 constexpr int KTILES = (K + BK - 1) / BK, KSTEPS = BK / 16, KATOMS = BK / 64;
-#line 322 "templates/gemm_sm90.lua"
+#line 352 "templates/gemm_sm90.lua"
 constexpr int NTILES = (N + BN - 1) / BN;  /* N tiles per M tile */
-#line 330 "templates/gemm_sm90.lua"
+#line 360 "templates/gemm_sm90.lua"
 constexpr int CTHREADS = 128 * CONSUMERS;
 constexpr bool N_TAIL = true;
 constexpr bool OUT_TAIL = true;
@@ -1754,7 +1762,7 @@ static __device__ __forceinline__ void tma_load(unsigned s, const moe_tmap_t *ma
                  " [%0], [%1, {%2, %3}], [%4];\n"
                  :: "r"(s), "l"((unsigned long long)map), "r"(k0), "r"(row), "r"(b) : "memory");
 }
-#line 379 "templates/gemm_sm90.lua"
+#line 409 "templates/gemm_sm90.lua"
 static __device__ __forceinline__ void tma_prefetch_map(const moe_tmap_t *map) {
     asm volatile("prefetch.tensormap [%0];\n" :: "l"((unsigned long long)map) : "memory");
 }
@@ -1764,6 +1772,7 @@ static __device__ __forceinline__ void fence_proxy_async() {
 static __device__ __forceinline__ void consumers_sync() {
     asm volatile("bar.sync 1, %0;\n" :: "n"(CTHREADS) : "memory");
 }
+#line 452 "templates/gemm_sm90.lua"
 static __device__ __forceinline__ void st_shared_u32(unsigned s, unsigned v) {
     asm volatile("st.shared.u32 [%0], %1;\n" :: "r"(s), "r"(v) : "memory");
 }
@@ -1779,10 +1788,10 @@ static __device__ __forceinline__ void copy16_s2g(void *g, unsigned s) {
 static __device__ __forceinline__ unsigned long long sdesc(unsigned addr) {
     return (unsigned long long)((addr & 0x3FFFFu) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
 }
-#line 414 "templates/gemm_sm90.lua"
+#line 478 "templates/gemm_sm90.lua"
 /* d (64 x BN fp32, this thread's part) += A(64 x 16) . B(BN x 16)^T. */
 static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long long da, unsigned long long db) {
-#line 418 "templates/gemm_sm90.lua"
+#line 482 "templates/gemm_sm90.lua"
     asm volatile("{\n"
                  ".reg .pred p;\n"
                  "setp.ne.b32 p, %130, 0;\n"
@@ -1790,77 +1799,77 @@ static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long lon
                  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127},\n"
                  "%128, %129, p, 1, 1, 0, 0;\n"
                  "}\n"
-#line 427 "templates/gemm_sm90.lua"
+#line 491 "templates/gemm_sm90.lua"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-#line 427 "templates/gemm_sm90.lua"
+#line 491 "templates/gemm_sm90.lua"
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-#line 427 "templates/gemm_sm90.lua"
+#line 491 "templates/gemm_sm90.lua"
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-#line 427 "templates/gemm_sm90.lua"
+#line 491 "templates/gemm_sm90.lua"
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-#line 427 "templates/gemm_sm90.lua"
+#line 491 "templates/gemm_sm90.lua"
                    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-#line 427 "templates/gemm_sm90.lua"
+#line 491 "templates/gemm_sm90.lua"
                    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-#line 427 "templates/gemm_sm90.lua"
+#line 491 "templates/gemm_sm90.lua"
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-#line 427 "templates/gemm_sm90.lua"
+#line 491 "templates/gemm_sm90.lua"
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-#line 427 "templates/gemm_sm90.lua"
+#line 491 "templates/gemm_sm90.lua"
                    "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-#line 427 "templates/gemm_sm90.lua"
+#line 491 "templates/gemm_sm90.lua"
                    "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-#line 427 "templates/gemm_sm90.lua"
+#line 491 "templates/gemm_sm90.lua"
                    "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-#line 427 "templates/gemm_sm90.lua"
+#line 491 "templates/gemm_sm90.lua"
                    "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-#line 427 "templates/gemm_sm90.lua"
+#line 491 "templates/gemm_sm90.lua"
                    "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-#line 427 "templates/gemm_sm90.lua"
+#line 491 "templates/gemm_sm90.lua"
                    "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-#line 427 "templates/gemm_sm90.lua"
+#line 491 "templates/gemm_sm90.lua"
                    "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-#line 427 "templates/gemm_sm90.lua"
+#line 491 "templates/gemm_sm90.lua"
                    "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-#line 429 "templates/gemm_sm90.lua"
+#line 493 "templates/gemm_sm90.lua"
                  : "l"(da), "l"(db), "r"(1));
 }
 /* Keep the compiler from moving accumulator accesses across a wgmma wait. */
 static __device__ __forceinline__ void fence_acc(float (&d)[NACC]) {
     asm volatile(""
-#line 435 "templates/gemm_sm90.lua"
+#line 499 "templates/gemm_sm90.lua"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-#line 435 "templates/gemm_sm90.lua"
+#line 499 "templates/gemm_sm90.lua"
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-#line 435 "templates/gemm_sm90.lua"
+#line 499 "templates/gemm_sm90.lua"
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-#line 435 "templates/gemm_sm90.lua"
+#line 499 "templates/gemm_sm90.lua"
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-#line 435 "templates/gemm_sm90.lua"
+#line 499 "templates/gemm_sm90.lua"
                    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-#line 435 "templates/gemm_sm90.lua"
+#line 499 "templates/gemm_sm90.lua"
                    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-#line 435 "templates/gemm_sm90.lua"
+#line 499 "templates/gemm_sm90.lua"
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-#line 435 "templates/gemm_sm90.lua"
+#line 499 "templates/gemm_sm90.lua"
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-#line 435 "templates/gemm_sm90.lua"
+#line 499 "templates/gemm_sm90.lua"
                    "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-#line 435 "templates/gemm_sm90.lua"
+#line 499 "templates/gemm_sm90.lua"
                    "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-#line 435 "templates/gemm_sm90.lua"
+#line 499 "templates/gemm_sm90.lua"
                    "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-#line 435 "templates/gemm_sm90.lua"
+#line 499 "templates/gemm_sm90.lua"
                    "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-#line 435 "templates/gemm_sm90.lua"
+#line 499 "templates/gemm_sm90.lua"
                    "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-#line 435 "templates/gemm_sm90.lua"
+#line 499 "templates/gemm_sm90.lua"
                    "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-#line 435 "templates/gemm_sm90.lua"
+#line 499 "templates/gemm_sm90.lua"
                    "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-#line 435 "templates/gemm_sm90.lua"
+#line 499 "templates/gemm_sm90.lua"
                    "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-#line 437 "templates/gemm_sm90.lua"
+#line 501 "templates/gemm_sm90.lua"
                  :: "memory");
 }
 static __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -1868,7 +1877,7 @@ static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.comm
 template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
-#line 627 "templates/gemm_sm90.lua"
+#line 691 "templates/gemm_sm90.lua"
 
 /* The ping-pong order: consumer warpgroup cw waits until the other one
  * arrived (having issued the main loop of the tile before cw's), and
@@ -1890,7 +1899,7 @@ static __device__ __forceinline__ void ring_skip(int &s, unsigned &phase) {
     s = p % STAGES;
     phase ^= (unsigned)(p / STAGES) & 1u;
 }
-#line 649 "templates/gemm_sm90.lua"
+#line 713 "templates/gemm_sm90.lua"
 
 #line 18 "templates/gemm_sm80.lua"
 /* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
@@ -1908,7 +1917,7 @@ static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, 
     nt = within / size;
 #line 36 "templates/gemm_sm80.lua"
 }
-#line 651 "templates/gemm_sm90.lua"
+#line 739 "templates/gemm_sm90.lua"
 
 /* The producer (one thread): for every tile of this CTA, every k tile of
  * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
@@ -1919,16 +1928,16 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
                                                const moe_tile_t *__restrict__ tiles, int mtiles) {
     int s = 0;
     unsigned phase = 0;
-#line 664 "templates/gemm_sm90.lua"
+#line 789 "templates/gemm_sm90.lua"
     for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
         int mt, nt;
         tile_of(lin, mtiles, NTILES, mt, nt);
         const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
         if (rows <= 0)
             continue;
-#line 673 "templates/gemm_sm90.lua"
+#line 798 "templates/gemm_sm90.lua"
         const int brow = expert * N + nt * BN;
-#line 675 "templates/gemm_sm90.lua"
+#line 800 "templates/gemm_sm90.lua"
         for (int kt = 0; kt < KTILES; ++kt) {
             const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
             bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
@@ -1936,9 +1945,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
 #pragma unroll
             for (int a = 0; a < KATOMS; ++a) {
                 tma_load(so + a * (BM * 128), ma, kt * BK + a * 64, row_start, full);
-#line 690 "templates/gemm_sm90.lua"
+#line 815 "templates/gemm_sm90.lua"
                 tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
-#line 692 "templates/gemm_sm90.lua"
+#line 817 "templates/gemm_sm90.lua"
             }
             if (++s == STAGES) {
                 s = 0;
@@ -1946,16 +1955,17 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
             }
         }
     }
+#line 825 "templates/gemm_sm90.lua"
 }
 
-#line 776 "templates/gemm_sm90.lua"
+#line 902 "templates/gemm_sm90.lua"
 /* A consumer warpgroup (cw) on one tile: acc (its WG_ROWS x BN fp32 tile)
  * = A . B^T over all k tiles, from ring position (s, phase), which it
  * advances. The wgmma of k tile kt stay in flight while the warpgroup
  * waits for tile kt + 1; a stage is released once the wgmma that read it
  * retired (wait_group 1 after the next commit; the last one after
  * wait_group 0), so the producer refills it during the epilogue. */
-#line 783 "templates/gemm_sm90.lua"
+#line 909 "templates/gemm_sm90.lua"
 /* Ping-pong: the warpgroup's rows are the whole tile, of which the first
  * ACT m64 blocks are computed (a short tile's others stay 0: a compile-time
  * count, since a branch among the wgmma makes ptxas wait on them), and it
@@ -1964,12 +1974,12 @@ template <int ACT>
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
                                                unsigned &phase) {
     const unsigned long long da0 = sdesc(sbase);
-#line 801 "templates/gemm_sm90.lua"
+#line 927 "templates/gemm_sm90.lua"
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
     int prev = 0;
     for (int kt = 0; kt < KTILES; ++kt) {
         bar_wait(sbase + BAR_OFF + s * 8, phase);
-#line 809 "templates/gemm_sm90.lua"
+#line 935 "templates/gemm_sm90.lua"
         wgmma_fence();
         const unsigned long long so = (unsigned long long)(s * (STAGE_BYTES >> 4));
 #pragma unroll
@@ -1988,9 +1998,9 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 828 "templates/gemm_sm90.lua"
+#line 954 "templates/gemm_sm90.lua"
     order_arrive(cw);
-#line 830 "templates/gemm_sm90.lua"
+#line 956 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -2028,7 +2038,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 1015 "templates/gemm_sm90.lua"
+#line 1165 "templates/gemm_sm90.lua"
 }  // namespace gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_impl
 #endif
 
@@ -2050,41 +2060,46 @@ gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16(const __grid_con
 #pragma unroll
         for (int s = 0; s < STAGES; ++s) {
             bar_init(sbase + BAR_OFF + s * 8, 1);
+#line 1189 "templates/gemm_sm90.lua"
             bar_init(sbase + BAR_OFF + (STAGES + s) * 8, 128);
+#line 1191 "templates/gemm_sm90.lua"
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
+#line 1200 "templates/gemm_sm90.lua"
     if (wg == 0) {
-#line 1043 "templates/gemm_sm90.lua"
+#line 1202 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 1051 "templates/gemm_sm90.lua"
+#line 1210 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
-#line 1054 "templates/gemm_sm90.lua"
+#line 1213 "templates/gemm_sm90.lua"
     } else {
-#line 1056 "templates/gemm_sm90.lua"
+#line 1215 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 940 "templates/gemm_sm90.lua"
+#line 1079 "templates/gemm_sm90.lua"
         /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
         const int cw = wg - 1, ct = tid & 127, w = ct >> 5, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF + (unsigned)cw * EPI_BYTES;
-#line 946 "templates/gemm_sm90.lua"
+#line 1085 "templates/gemm_sm90.lua"
         int s = 0, jt = 0;
         unsigned phase = 0;
-#line 951 "templates/gemm_sm90.lua"
+#line 1093 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
             const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
             if (rows <= 0)
                 continue;
+#line 1100 "templates/gemm_sm90.lua"
             if ((jt++ & 1) != cw) {  /* the other warpgroup's tile: step over its stages */
                 ring_skip(s, phase);
                 continue;
             }
             if (jt > 1)
                 order_wait(cw);  /* the other warpgroup issued the main loop of tile jt - 2 */
+#line 1113 "templates/gemm_sm90.lua"
             const int n0 = nt * BN;
             (void)expert;
             float acc[WM][NACC];
@@ -2097,29 +2112,29 @@ gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16(const __grid_con
             for (int m = 0; m < WM; ++m)
                 fence_acc(acc[m]);  /* the zeros are written before the main loop's wgmma.fence */
             /* consume arrives for the other warpgroup once its main loop is issued */
-#line 981 "templates/gemm_sm90.lua"
+#line 1131 "templates/gemm_sm90.lua"
             consume<1>(acc, sbase, cw, s, phase);
-#line 988 "templates/gemm_sm90.lua"
+#line 1138 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 1345 "templates/gemm_sm90.lua"
+#line 1511 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
-#line 1348 "templates/gemm_sm90.lua"
+#line 1514 "templates/gemm_sm90.lua"
                     const moe_half_t *__restrict__ bias = b2 + (long long)expert * N + n0;
-#line 1350 "templates/gemm_sm90.lua"
+#line 1516 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1355 "templates/gemm_sm90.lua"
+#line 1521 "templates/gemm_sm90.lua"
                         float b0 = 0.0f, b1 = 0.0f;
                         if (!N_TAIL || n0 + j * 8 < N) {
                             const unsigned bv = *(const unsigned *)(bias + j * 8 + 2 * q);
                             b0 = moe_lo_float(bv);
                             b1 = moe_hi_float(bv);
                         }
-#line 1370 "templates/gemm_sm90.lua"
+#line 1536 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -2129,31 +2144,32 @@ gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16(const __grid_con
                                               moe_pack2(acc[m][4 * j + 2 * h] + b0, acc[m][4 * j + 2 * h + 1] + b1));
                             }
                     }
-#line 993 "templates/gemm_sm90.lua"
+#line 1143 "templates/gemm_sm90.lua"
                 }
                 wg_sync(cw);
                 store_staged(obuf + ((long long)row_start * NOUT + n0 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 - pass * EPI_COLS, ct);
             }
-#line 999 "templates/gemm_sm90.lua"
+#line 1149 "templates/gemm_sm90.lua"
         }
         /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
         if (jt > 0 && (jt & 1) == cw)
             order_wait(cw);
-#line 1166 "templates/gemm_sm90.lua"
+#line 1329 "templates/gemm_sm90.lua"
     }
+#line 1333 "templates/gemm_sm90.lua"
 #else
-#line 1169 "templates/gemm_sm90.lua"
+#line 1335 "templates/gemm_sm90.lua"
     (void)hbuf_map;
-#line 1169 "templates/gemm_sm90.lua"
+#line 1335 "templates/gemm_sm90.lua"
     (void)w2_map;
-#line 1169 "templates/gemm_sm90.lua"
+#line 1335 "templates/gemm_sm90.lua"
     (void)b2;
-#line 1169 "templates/gemm_sm90.lua"
+#line 1335 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 1169 "templates/gemm_sm90.lua"
+#line 1335 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 1171 "templates/gemm_sm90.lua"
+#line 1337 "templates/gemm_sm90.lua"
     (void)obuf;
     __trap();
 #endif
@@ -3226,18 +3242,18 @@ gpt_oss_20b_gemm_down_bf16_sm90a_gemv3_m64n32u2(const moe_half_t *__restrict__ h
 #line 828 "templates/gemm_gemv.lua"
 }
 
-#line 1011 "templates/gemm_sm90.lua"
+#line 1161 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_gx_impl {
-#line 269 "templates/gemm_sm90.lua"
+#line 299 "templates/gemm_sm90.lua"
 constexpr int BM = 64, BN = 256, BK = 64, STAGES = 4, CONSUMERS = 2;
 constexpr int K = 2880;        /* reduction length */
 constexpr int N = 5760;        /* rows of B per expert */
 constexpr int NOUT = 2880;  /* output row length */
 constexpr int BNO = 128;    /* output columns per tile */
-#line 275 "templates/gemm_sm90.lua"
+#line 305 "templates/gemm_sm90.lua"
 constexpr int WG_ROWS = BM;              /* rows per consumer warpgroup: the whole tile (ping-pong) */
-#line 279 "templates/gemm_sm90.lua"
+#line 309 "templates/gemm_sm90.lua"
 constexpr int WM = WG_ROWS / 64;         /* m64 wgmma blocks per consumer */
 constexpr int NACC = BN / 2;             /* fp32 accumulators per thread and m64 block */
 constexpr int A_BYTES = 8192, STAGE_BYTES = 40960;
@@ -3247,24 +3263,24 @@ constexpr bool PERSISTENT = true;
 constexpr int RING = STAGES * STAGE_BYTES;
 /* the staging tile: its own after the ring on a persistent grid; with one
  * CTA per tile, the ring itself once the main loop is done */
-#line 289 "templates/gemm_sm90.lua"
+#line 319 "templates/gemm_sm90.lua"
 constexpr int EPI_BYTES = (BM * LDC * 2 + 15) / 16 * 16;  /* one staging tile; consumer warpgroup w's at EPI_OFF + w * EPI_BYTES */
 constexpr int EPI_OFF = RING;
 constexpr int BAR_OFF = RING + 2 * EPI_BYTES;  /* full[STAGES], then empty[STAGES] */
 constexpr int ORDER_BAR = 2;  /* named barriers ORDER_BAR + w: warpgroup w may start its next main loop */
 constexpr int EPI_BAR = 4;    /* named barriers EPI_BAR + w: warpgroup w's own (its staging passes) */
-#line 308 "templates/gemm_sm90.lua"
+#line 338 "templates/gemm_sm90.lua"
 static_assert(PERSISTENT || BM * LDC * 2 <= RING, "the output tile (BM x LDC halves) fits in the stages");
 /* the plan's numbers (gen/family_gemm.c): this layout must be its shared
  * memory exactly (moe_gemm_sm90_smem), the block one producer and
  * CONSUMERS consumer warpgroups */
 static_assert(BAR_OFF + 16 * STAGES == 198720, "the shared-memory layout is the plan's (moe_gemm_sm90_smem)");
 static_assert(384 == 128 * (CONSUMERS + 1), "threads: one producer and CONSUMERS consumer warpgroups");
-#line 320 "templates/gemm_sm90.lua"
+#line 350 "templates/gemm_sm90.lua"
 constexpr int KTILES = (K + BK - 1) / BK, KSTEPS = BK / 16, KATOMS = BK / 64;
-#line 322 "templates/gemm_sm90.lua"
+#line 352 "templates/gemm_sm90.lua"
 constexpr int NTILES = (N + BN - 1) / BN;  /* N tiles per M tile */
-#line 330 "templates/gemm_sm90.lua"
+#line 360 "templates/gemm_sm90.lua"
 constexpr int CTHREADS = 128 * CONSUMERS;
 constexpr bool N_TAIL = true;
 constexpr bool OUT_TAIL = true;
@@ -3299,7 +3315,7 @@ static __device__ __forceinline__ void tma_load(unsigned s, const moe_tmap_t *ma
                  " [%0], [%1, {%2, %3}], [%4];\n"
                  :: "r"(s), "l"((unsigned long long)map), "r"(k0), "r"(row), "r"(b) : "memory");
 }
-#line 379 "templates/gemm_sm90.lua"
+#line 409 "templates/gemm_sm90.lua"
 static __device__ __forceinline__ void tma_prefetch_map(const moe_tmap_t *map) {
     asm volatile("prefetch.tensormap [%0];\n" :: "l"((unsigned long long)map) : "memory");
 }
@@ -3309,6 +3325,7 @@ static __device__ __forceinline__ void fence_proxy_async() {
 static __device__ __forceinline__ void consumers_sync() {
     asm volatile("bar.sync 1, %0;\n" :: "n"(CTHREADS) : "memory");
 }
+#line 452 "templates/gemm_sm90.lua"
 static __device__ __forceinline__ void st_shared_u32(unsigned s, unsigned v) {
     asm volatile("st.shared.u32 [%0], %1;\n" :: "r"(s), "r"(v) : "memory");
 }
@@ -3324,10 +3341,10 @@ static __device__ __forceinline__ void copy16_s2g(void *g, unsigned s) {
 static __device__ __forceinline__ unsigned long long sdesc(unsigned addr) {
     return (unsigned long long)((addr & 0x3FFFFu) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
 }
-#line 414 "templates/gemm_sm90.lua"
+#line 478 "templates/gemm_sm90.lua"
 /* d (64 x BN fp32, this thread's part) += A(64 x 16) . B(BN x 16)^T. */
 static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long long da, unsigned long long db) {
-#line 418 "templates/gemm_sm90.lua"
+#line 482 "templates/gemm_sm90.lua"
     asm volatile("{\n"
                  ".reg .pred p;\n"
                  "setp.ne.b32 p, %130, 0;\n"
@@ -3335,77 +3352,77 @@ static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long lon
                  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127},\n"
                  "%128, %129, p, 1, 1, 0, 0;\n"
                  "}\n"
-#line 427 "templates/gemm_sm90.lua"
+#line 491 "templates/gemm_sm90.lua"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-#line 427 "templates/gemm_sm90.lua"
+#line 491 "templates/gemm_sm90.lua"
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-#line 427 "templates/gemm_sm90.lua"
+#line 491 "templates/gemm_sm90.lua"
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-#line 427 "templates/gemm_sm90.lua"
+#line 491 "templates/gemm_sm90.lua"
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-#line 427 "templates/gemm_sm90.lua"
+#line 491 "templates/gemm_sm90.lua"
                    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-#line 427 "templates/gemm_sm90.lua"
+#line 491 "templates/gemm_sm90.lua"
                    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-#line 427 "templates/gemm_sm90.lua"
+#line 491 "templates/gemm_sm90.lua"
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-#line 427 "templates/gemm_sm90.lua"
+#line 491 "templates/gemm_sm90.lua"
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-#line 427 "templates/gemm_sm90.lua"
+#line 491 "templates/gemm_sm90.lua"
                    "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-#line 427 "templates/gemm_sm90.lua"
+#line 491 "templates/gemm_sm90.lua"
                    "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-#line 427 "templates/gemm_sm90.lua"
+#line 491 "templates/gemm_sm90.lua"
                    "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-#line 427 "templates/gemm_sm90.lua"
+#line 491 "templates/gemm_sm90.lua"
                    "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-#line 427 "templates/gemm_sm90.lua"
+#line 491 "templates/gemm_sm90.lua"
                    "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-#line 427 "templates/gemm_sm90.lua"
+#line 491 "templates/gemm_sm90.lua"
                    "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-#line 427 "templates/gemm_sm90.lua"
+#line 491 "templates/gemm_sm90.lua"
                    "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-#line 427 "templates/gemm_sm90.lua"
+#line 491 "templates/gemm_sm90.lua"
                    "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-#line 429 "templates/gemm_sm90.lua"
+#line 493 "templates/gemm_sm90.lua"
                  : "l"(da), "l"(db), "r"(1));
 }
 /* Keep the compiler from moving accumulator accesses across a wgmma wait. */
 static __device__ __forceinline__ void fence_acc(float (&d)[NACC]) {
     asm volatile(""
-#line 435 "templates/gemm_sm90.lua"
+#line 499 "templates/gemm_sm90.lua"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-#line 435 "templates/gemm_sm90.lua"
+#line 499 "templates/gemm_sm90.lua"
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-#line 435 "templates/gemm_sm90.lua"
+#line 499 "templates/gemm_sm90.lua"
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-#line 435 "templates/gemm_sm90.lua"
+#line 499 "templates/gemm_sm90.lua"
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-#line 435 "templates/gemm_sm90.lua"
+#line 499 "templates/gemm_sm90.lua"
                    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-#line 435 "templates/gemm_sm90.lua"
+#line 499 "templates/gemm_sm90.lua"
                    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-#line 435 "templates/gemm_sm90.lua"
+#line 499 "templates/gemm_sm90.lua"
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-#line 435 "templates/gemm_sm90.lua"
+#line 499 "templates/gemm_sm90.lua"
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-#line 435 "templates/gemm_sm90.lua"
+#line 499 "templates/gemm_sm90.lua"
                    "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-#line 435 "templates/gemm_sm90.lua"
+#line 499 "templates/gemm_sm90.lua"
                    "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-#line 435 "templates/gemm_sm90.lua"
+#line 499 "templates/gemm_sm90.lua"
                    "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-#line 435 "templates/gemm_sm90.lua"
+#line 499 "templates/gemm_sm90.lua"
                    "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-#line 435 "templates/gemm_sm90.lua"
+#line 499 "templates/gemm_sm90.lua"
                    "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-#line 435 "templates/gemm_sm90.lua"
+#line 499 "templates/gemm_sm90.lua"
                    "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-#line 435 "templates/gemm_sm90.lua"
+#line 499 "templates/gemm_sm90.lua"
                    "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-#line 435 "templates/gemm_sm90.lua"
+#line 499 "templates/gemm_sm90.lua"
                    "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-#line 437 "templates/gemm_sm90.lua"
+#line 501 "templates/gemm_sm90.lua"
                  :: "memory");
 }
 static __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -3413,7 +3430,7 @@ static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.comm
 template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
-#line 627 "templates/gemm_sm90.lua"
+#line 691 "templates/gemm_sm90.lua"
 
 /* The ping-pong order: consumer warpgroup cw waits until the other one
  * arrived (having issued the main loop of the tile before cw's), and
@@ -3435,7 +3452,7 @@ static __device__ __forceinline__ void ring_skip(int &s, unsigned &phase) {
     s = p % STAGES;
     phase ^= (unsigned)(p / STAGES) & 1u;
 }
-#line 649 "templates/gemm_sm90.lua"
+#line 713 "templates/gemm_sm90.lua"
 
 #line 18 "templates/gemm_sm80.lua"
 /* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
@@ -3453,7 +3470,7 @@ static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, 
     nt = within / size;
 #line 36 "templates/gemm_sm80.lua"
 }
-#line 651 "templates/gemm_sm90.lua"
+#line 739 "templates/gemm_sm90.lua"
 
 /* The producer (one thread): for every tile of this CTA, every k tile of
  * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
@@ -3464,16 +3481,16 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
                                                const moe_tile_t *__restrict__ tiles, int mtiles) {
     int s = 0;
     unsigned phase = 0;
-#line 664 "templates/gemm_sm90.lua"
+#line 789 "templates/gemm_sm90.lua"
     for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
         int mt, nt;
         tile_of(lin, mtiles, NTILES, mt, nt);
         const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
         if (rows <= 0)
             continue;
-#line 673 "templates/gemm_sm90.lua"
+#line 798 "templates/gemm_sm90.lua"
         const int brow = expert * N + nt * BN;
-#line 675 "templates/gemm_sm90.lua"
+#line 800 "templates/gemm_sm90.lua"
         for (int kt = 0; kt < KTILES; ++kt) {
             const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
             bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
@@ -3481,9 +3498,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
 #pragma unroll
             for (int a = 0; a < KATOMS; ++a) {
                 tma_load(so + a * (BM * 128), ma, kt * BK + a * 64, row_start, full);
-#line 690 "templates/gemm_sm90.lua"
+#line 815 "templates/gemm_sm90.lua"
                 tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
-#line 692 "templates/gemm_sm90.lua"
+#line 817 "templates/gemm_sm90.lua"
             }
             if (++s == STAGES) {
                 s = 0;
@@ -3491,9 +3508,10 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
             }
         }
     }
+#line 825 "templates/gemm_sm90.lua"
 }
 
-#line 702 "templates/gemm_sm90.lua"
+#line 828 "templates/gemm_sm90.lua"
 /* The gathering producer (the call's src_of given; docs/DESIGN.md, "The
  * gathered up GEMM"): the 128 threads of warpgroup 0. Row i of a tile's A
  * is x[src_of[row_start + i]]; thread pt copies 16-byte chunk j = pt % 8 of
@@ -3516,7 +3534,7 @@ static __device__ __forceinline__ void produce_gather(unsigned sbase, const moe_
     constexpr int RPT = BM / 16;  /* rows per thread */
     const int j = pt & 7, r0 = pt >> 3;
     const unsigned my = (unsigned)r0 * 128u + ((unsigned)(j ^ (r0 & 7)) << 4);  /* in a stage's A atom */
-#line 727 "templates/gemm_sm90.lua"
+#line 853 "templates/gemm_sm90.lua"
     int s = 0;
     unsigned phase = 0;
     for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
@@ -3537,9 +3555,9 @@ static __device__ __forceinline__ void produce_gather(unsigned sbase, const moe_
                 bar_arrive_expect_tx(full, STAGE_BYTES - A_BYTES);
 #pragma unroll
                 for (int a = 0; a < KATOMS; ++a)
-#line 750 "templates/gemm_sm90.lua"
+#line 876 "templates/gemm_sm90.lua"
                     tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
-#line 752 "templates/gemm_sm90.lua"
+#line 878 "templates/gemm_sm90.lua"
             }
 #pragma unroll
             for (int a = 0; a < KATOMS; ++a) {
@@ -3563,14 +3581,14 @@ static __device__ __forceinline__ void produce_gather(unsigned sbase, const moe_
     asm volatile("cp.async.wait_all;\n" ::: "memory");
 }
 
-#line 776 "templates/gemm_sm90.lua"
+#line 902 "templates/gemm_sm90.lua"
 /* A consumer warpgroup (cw) on one tile: acc (its WG_ROWS x BN fp32 tile)
  * = A . B^T over all k tiles, from ring position (s, phase), which it
  * advances. The wgmma of k tile kt stay in flight while the warpgroup
  * waits for tile kt + 1; a stage is released once the wgmma that read it
  * retired (wait_group 1 after the next commit; the last one after
  * wait_group 0), so the producer refills it during the epilogue. */
-#line 783 "templates/gemm_sm90.lua"
+#line 909 "templates/gemm_sm90.lua"
 /* Ping-pong: the warpgroup's rows are the whole tile, of which the first
  * ACT m64 blocks are computed (a short tile's others stay 0: a compile-time
  * count, since a branch among the wgmma makes ptxas wait on them), and it
@@ -3579,15 +3597,15 @@ template <int ACT>
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
                                                unsigned &phase, bool gathered) {
     const unsigned long long da0 = sdesc(sbase);
-#line 801 "templates/gemm_sm90.lua"
+#line 927 "templates/gemm_sm90.lua"
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
     int prev = 0;
     for (int kt = 0; kt < KTILES; ++kt) {
         bar_wait(sbase + BAR_OFF + s * 8, phase);
-#line 806 "templates/gemm_sm90.lua"
+#line 932 "templates/gemm_sm90.lua"
         if (gathered)  /* A came by cp.async (generic proxy); wgmma reads by the async proxy */
             fence_proxy_async();
-#line 809 "templates/gemm_sm90.lua"
+#line 935 "templates/gemm_sm90.lua"
         wgmma_fence();
         const unsigned long long so = (unsigned long long)(s * (STAGE_BYTES >> 4));
 #pragma unroll
@@ -3606,9 +3624,9 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 828 "templates/gemm_sm90.lua"
+#line 954 "templates/gemm_sm90.lua"
     order_arrive(cw);
-#line 830 "templates/gemm_sm90.lua"
+#line 956 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -3654,7 +3672,7 @@ static __device__ __forceinline__ float swiglu(float gate, float up) {
     up = fminf(fmaxf(up, -7.0f), 7.0f);
     return (up + 1.0f) * gate * moe_sigmoid(1.702f * gate);
 }
-#line 1015 "templates/gemm_sm90.lua"
+#line 1165 "templates/gemm_sm90.lua"
 }  // namespace gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_gx_impl
 #endif
 
@@ -3676,43 +3694,48 @@ gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_gx(const __g
 #pragma unroll
         for (int s = 0; s < STAGES; ++s) {
             bar_init(sbase + BAR_OFF + s * 8, src_of ? 1 + 128 : 1);
+#line 1189 "templates/gemm_sm90.lua"
             bar_init(sbase + BAR_OFF + (STAGES + s) * 8, 128);
+#line 1191 "templates/gemm_sm90.lua"
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
+#line 1200 "templates/gemm_sm90.lua"
     if (wg == 0) {
-#line 1043 "templates/gemm_sm90.lua"
+#line 1202 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 1046 "templates/gemm_sm90.lua"
+#line 1205 "templates/gemm_sm90.lua"
         if (src_of)  /* the rows gathered from x (the call's scatter wrote only the maps) */
             produce_gather(sbase, &w1p_map, tiles, mtiles, gx, src_of, tid);
         else if (tid == 0)
             produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
-#line 1054 "templates/gemm_sm90.lua"
+#line 1213 "templates/gemm_sm90.lua"
     } else {
-#line 1056 "templates/gemm_sm90.lua"
+#line 1215 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 940 "templates/gemm_sm90.lua"
+#line 1079 "templates/gemm_sm90.lua"
         /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
         const int cw = wg - 1, ct = tid & 127, w = ct >> 5, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF + (unsigned)cw * EPI_BYTES;
-#line 946 "templates/gemm_sm90.lua"
+#line 1085 "templates/gemm_sm90.lua"
         int s = 0, jt = 0;
         unsigned phase = 0;
-#line 951 "templates/gemm_sm90.lua"
+#line 1093 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
             const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
             if (rows <= 0)
                 continue;
+#line 1100 "templates/gemm_sm90.lua"
             if ((jt++ & 1) != cw) {  /* the other warpgroup's tile: step over its stages */
                 ring_skip(s, phase);
                 continue;
             }
             if (jt > 1)
                 order_wait(cw);  /* the other warpgroup issued the main loop of tile jt - 2 */
+#line 1113 "templates/gemm_sm90.lua"
             const int n0 = nt * BN;
             (void)expert;
             float acc[WM][NACC];
@@ -3725,24 +3748,24 @@ gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_gx(const __g
             for (int m = 0; m < WM; ++m)
                 fence_acc(acc[m]);  /* the zeros are written before the main loop's wgmma.fence */
             /* consume arrives for the other warpgroup once its main loop is issued */
-#line 981 "templates/gemm_sm90.lua"
+#line 1131 "templates/gemm_sm90.lua"
             consume<1>(acc, sbase, cw, s, phase, src_of != nullptr);
-#line 988 "templates/gemm_sm90.lua"
+#line 1138 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 1286 "templates/gemm_sm90.lua"
+#line 1452 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
                      * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
                      * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 1291 "templates/gemm_sm90.lua"
+#line 1457 "templates/gemm_sm90.lua"
                     const moe_half_t *__restrict__ bias = b1p + (long long)expert * N + n0;
-#line 1293 "templates/gemm_sm90.lua"
+#line 1459 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1298 "templates/gemm_sm90.lua"
+#line 1464 "templates/gemm_sm90.lua"
                         float bg0 = 0.0f, bg1 = 0.0f, bu0 = 0.0f, bu1 = 0.0f;
                         if (!N_TAIL || n0 + j * 16 < N) {
                             const unsigned bg = *(const unsigned *)(bias + j * 16 + 2 * q);
@@ -3752,7 +3775,7 @@ gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_gx(const __g
                             bu0 = moe_lo_float(bu);
                             bu1 = moe_hi_float(bu);
                         }
-#line 1308 "templates/gemm_sm90.lua"
+#line 1474 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -3761,55 +3784,56 @@ gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_gx(const __g
                                 const float o0 = swiglu(acc[m][8 * j + 2 * h] + bg0, acc[m][8 * j + 4 + 2 * h] + bu0);
                                 const float o1 = swiglu(acc[m][8 * j + 2 * h + 1] + bg1, acc[m][8 * j + 5 + 2 * h] + bu1);
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
-#line 1323 "templates/gemm_sm90.lua"
+#line 1489 "templates/gemm_sm90.lua"
                             }
                     }
-#line 993 "templates/gemm_sm90.lua"
+#line 1143 "templates/gemm_sm90.lua"
                 }
                 wg_sync(cw);
                 store_staged(hbuf + ((long long)row_start * NOUT + n0 / 2 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 / 2 - pass * EPI_COLS, ct);
             }
-#line 999 "templates/gemm_sm90.lua"
+#line 1149 "templates/gemm_sm90.lua"
         }
         /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
         if (jt > 0 && (jt & 1) == cw)
             order_wait(cw);
-#line 1166 "templates/gemm_sm90.lua"
+#line 1329 "templates/gemm_sm90.lua"
     }
+#line 1333 "templates/gemm_sm90.lua"
 #else
-#line 1169 "templates/gemm_sm90.lua"
+#line 1335 "templates/gemm_sm90.lua"
     (void)xs_map;
-#line 1169 "templates/gemm_sm90.lua"
+#line 1335 "templates/gemm_sm90.lua"
     (void)w1p_map;
-#line 1169 "templates/gemm_sm90.lua"
+#line 1335 "templates/gemm_sm90.lua"
     (void)b1p;
-#line 1169 "templates/gemm_sm90.lua"
+#line 1335 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 1169 "templates/gemm_sm90.lua"
+#line 1335 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 1169 "templates/gemm_sm90.lua"
+#line 1335 "templates/gemm_sm90.lua"
     (void)hbuf;
-#line 1169 "templates/gemm_sm90.lua"
+#line 1335 "templates/gemm_sm90.lua"
     (void)gx;
-#line 1171 "templates/gemm_sm90.lua"
+#line 1337 "templates/gemm_sm90.lua"
     (void)src_of;
     __trap();
 #endif
 }
 
-#line 1011 "templates/gemm_sm90.lua"
+#line 1161 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_impl {
-#line 269 "templates/gemm_sm90.lua"
+#line 299 "templates/gemm_sm90.lua"
 constexpr int BM = 64, BN = 256, BK = 64, STAGES = 4, CONSUMERS = 2;
 constexpr int K = 2880;        /* reduction length */
 constexpr int N = 2880;        /* rows of B per expert */
 constexpr int NOUT = 2880;  /* output row length */
 constexpr int BNO = 256;    /* output columns per tile */
-#line 275 "templates/gemm_sm90.lua"
+#line 305 "templates/gemm_sm90.lua"
 constexpr int WG_ROWS = BM;              /* rows per consumer warpgroup: the whole tile (ping-pong) */
-#line 279 "templates/gemm_sm90.lua"
+#line 309 "templates/gemm_sm90.lua"
 constexpr int WM = WG_ROWS / 64;         /* m64 wgmma blocks per consumer */
 constexpr int NACC = BN / 2;             /* fp32 accumulators per thread and m64 block */
 constexpr int A_BYTES = 8192, STAGE_BYTES = 40960;
@@ -3819,24 +3843,24 @@ constexpr bool PERSISTENT = true;
 constexpr int RING = STAGES * STAGE_BYTES;
 /* the staging tile: its own after the ring on a persistent grid; with one
  * CTA per tile, the ring itself once the main loop is done */
-#line 289 "templates/gemm_sm90.lua"
+#line 319 "templates/gemm_sm90.lua"
 constexpr int EPI_BYTES = (BM * LDC * 2 + 15) / 16 * 16;  /* one staging tile; consumer warpgroup w's at EPI_OFF + w * EPI_BYTES */
 constexpr int EPI_OFF = RING;
 constexpr int BAR_OFF = RING + 2 * EPI_BYTES;  /* full[STAGES], then empty[STAGES] */
 constexpr int ORDER_BAR = 2;  /* named barriers ORDER_BAR + w: warpgroup w may start its next main loop */
 constexpr int EPI_BAR = 4;    /* named barriers EPI_BAR + w: warpgroup w's own (its staging passes) */
-#line 308 "templates/gemm_sm90.lua"
+#line 338 "templates/gemm_sm90.lua"
 static_assert(PERSISTENT || BM * LDC * 2 <= RING, "the output tile (BM x LDC halves) fits in the stages");
 /* the plan's numbers (gen/family_gemm.c): this layout must be its shared
  * memory exactly (moe_gemm_sm90_smem), the block one producer and
  * CONSUMERS consumer warpgroups */
 static_assert(BAR_OFF + 16 * STAGES == 198720, "the shared-memory layout is the plan's (moe_gemm_sm90_smem)");
 static_assert(384 == 128 * (CONSUMERS + 1), "threads: one producer and CONSUMERS consumer warpgroups");
-#line 320 "templates/gemm_sm90.lua"
+#line 350 "templates/gemm_sm90.lua"
 constexpr int KTILES = (K + BK - 1) / BK, KSTEPS = BK / 16, KATOMS = BK / 64;
-#line 322 "templates/gemm_sm90.lua"
+#line 352 "templates/gemm_sm90.lua"
 constexpr int NTILES = (N + BN - 1) / BN;  /* N tiles per M tile */
-#line 330 "templates/gemm_sm90.lua"
+#line 360 "templates/gemm_sm90.lua"
 constexpr int CTHREADS = 128 * CONSUMERS;
 constexpr bool N_TAIL = true;
 constexpr bool OUT_TAIL = true;
@@ -3871,7 +3895,7 @@ static __device__ __forceinline__ void tma_load(unsigned s, const moe_tmap_t *ma
                  " [%0], [%1, {%2, %3}], [%4];\n"
                  :: "r"(s), "l"((unsigned long long)map), "r"(k0), "r"(row), "r"(b) : "memory");
 }
-#line 379 "templates/gemm_sm90.lua"
+#line 409 "templates/gemm_sm90.lua"
 static __device__ __forceinline__ void tma_prefetch_map(const moe_tmap_t *map) {
     asm volatile("prefetch.tensormap [%0];\n" :: "l"((unsigned long long)map) : "memory");
 }
@@ -3881,6 +3905,7 @@ static __device__ __forceinline__ void fence_proxy_async() {
 static __device__ __forceinline__ void consumers_sync() {
     asm volatile("bar.sync 1, %0;\n" :: "n"(CTHREADS) : "memory");
 }
+#line 452 "templates/gemm_sm90.lua"
 static __device__ __forceinline__ void st_shared_u32(unsigned s, unsigned v) {
     asm volatile("st.shared.u32 [%0], %1;\n" :: "r"(s), "r"(v) : "memory");
 }
@@ -3896,10 +3921,10 @@ static __device__ __forceinline__ void copy16_s2g(void *g, unsigned s) {
 static __device__ __forceinline__ unsigned long long sdesc(unsigned addr) {
     return (unsigned long long)((addr & 0x3FFFFu) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
 }
-#line 414 "templates/gemm_sm90.lua"
+#line 478 "templates/gemm_sm90.lua"
 /* d (64 x BN fp32, this thread's part) += A(64 x 16) . B(BN x 16)^T. */
 static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long long da, unsigned long long db) {
-#line 418 "templates/gemm_sm90.lua"
+#line 482 "templates/gemm_sm90.lua"
     asm volatile("{\n"
                  ".reg .pred p;\n"
                  "setp.ne.b32 p, %130, 0;\n"
@@ -3907,77 +3932,77 @@ static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long lon
                  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127},\n"
                  "%128, %129, p, 1, 1, 0, 0;\n"
                  "}\n"
-#line 427 "templates/gemm_sm90.lua"
+#line 491 "templates/gemm_sm90.lua"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-#line 427 "templates/gemm_sm90.lua"
+#line 491 "templates/gemm_sm90.lua"
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-#line 427 "templates/gemm_sm90.lua"
+#line 491 "templates/gemm_sm90.lua"
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-#line 427 "templates/gemm_sm90.lua"
+#line 491 "templates/gemm_sm90.lua"
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-#line 427 "templates/gemm_sm90.lua"
+#line 491 "templates/gemm_sm90.lua"
                    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-#line 427 "templates/gemm_sm90.lua"
+#line 491 "templates/gemm_sm90.lua"
                    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-#line 427 "templates/gemm_sm90.lua"
+#line 491 "templates/gemm_sm90.lua"
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-#line 427 "templates/gemm_sm90.lua"
+#line 491 "templates/gemm_sm90.lua"
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-#line 427 "templates/gemm_sm90.lua"
+#line 491 "templates/gemm_sm90.lua"
                    "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-#line 427 "templates/gemm_sm90.lua"
+#line 491 "templates/gemm_sm90.lua"
                    "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-#line 427 "templates/gemm_sm90.lua"
+#line 491 "templates/gemm_sm90.lua"
                    "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-#line 427 "templates/gemm_sm90.lua"
+#line 491 "templates/gemm_sm90.lua"
                    "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-#line 427 "templates/gemm_sm90.lua"
+#line 491 "templates/gemm_sm90.lua"
                    "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-#line 427 "templates/gemm_sm90.lua"
+#line 491 "templates/gemm_sm90.lua"
                    "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-#line 427 "templates/gemm_sm90.lua"
+#line 491 "templates/gemm_sm90.lua"
                    "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-#line 427 "templates/gemm_sm90.lua"
+#line 491 "templates/gemm_sm90.lua"
                    "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-#line 429 "templates/gemm_sm90.lua"
+#line 493 "templates/gemm_sm90.lua"
                  : "l"(da), "l"(db), "r"(1));
 }
 /* Keep the compiler from moving accumulator accesses across a wgmma wait. */
 static __device__ __forceinline__ void fence_acc(float (&d)[NACC]) {
     asm volatile(""
-#line 435 "templates/gemm_sm90.lua"
+#line 499 "templates/gemm_sm90.lua"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-#line 435 "templates/gemm_sm90.lua"
+#line 499 "templates/gemm_sm90.lua"
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-#line 435 "templates/gemm_sm90.lua"
+#line 499 "templates/gemm_sm90.lua"
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-#line 435 "templates/gemm_sm90.lua"
+#line 499 "templates/gemm_sm90.lua"
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-#line 435 "templates/gemm_sm90.lua"
+#line 499 "templates/gemm_sm90.lua"
                    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-#line 435 "templates/gemm_sm90.lua"
+#line 499 "templates/gemm_sm90.lua"
                    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-#line 435 "templates/gemm_sm90.lua"
+#line 499 "templates/gemm_sm90.lua"
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-#line 435 "templates/gemm_sm90.lua"
+#line 499 "templates/gemm_sm90.lua"
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-#line 435 "templates/gemm_sm90.lua"
+#line 499 "templates/gemm_sm90.lua"
                    "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-#line 435 "templates/gemm_sm90.lua"
+#line 499 "templates/gemm_sm90.lua"
                    "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-#line 435 "templates/gemm_sm90.lua"
+#line 499 "templates/gemm_sm90.lua"
                    "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-#line 435 "templates/gemm_sm90.lua"
+#line 499 "templates/gemm_sm90.lua"
                    "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-#line 435 "templates/gemm_sm90.lua"
+#line 499 "templates/gemm_sm90.lua"
                    "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-#line 435 "templates/gemm_sm90.lua"
+#line 499 "templates/gemm_sm90.lua"
                    "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-#line 435 "templates/gemm_sm90.lua"
+#line 499 "templates/gemm_sm90.lua"
                    "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-#line 435 "templates/gemm_sm90.lua"
+#line 499 "templates/gemm_sm90.lua"
                    "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-#line 437 "templates/gemm_sm90.lua"
+#line 501 "templates/gemm_sm90.lua"
                  :: "memory");
 }
 static __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -3985,7 +4010,7 @@ static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.comm
 template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
-#line 627 "templates/gemm_sm90.lua"
+#line 691 "templates/gemm_sm90.lua"
 
 /* The ping-pong order: consumer warpgroup cw waits until the other one
  * arrived (having issued the main loop of the tile before cw's), and
@@ -4007,7 +4032,7 @@ static __device__ __forceinline__ void ring_skip(int &s, unsigned &phase) {
     s = p % STAGES;
     phase ^= (unsigned)(p / STAGES) & 1u;
 }
-#line 649 "templates/gemm_sm90.lua"
+#line 713 "templates/gemm_sm90.lua"
 
 #line 18 "templates/gemm_sm80.lua"
 /* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
@@ -4025,7 +4050,7 @@ static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, 
     nt = within / size;
 #line 36 "templates/gemm_sm80.lua"
 }
-#line 651 "templates/gemm_sm90.lua"
+#line 739 "templates/gemm_sm90.lua"
 
 /* The producer (one thread): for every tile of this CTA, every k tile of
  * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
@@ -4036,16 +4061,16 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
                                                const moe_tile_t *__restrict__ tiles, int mtiles) {
     int s = 0;
     unsigned phase = 0;
-#line 664 "templates/gemm_sm90.lua"
+#line 789 "templates/gemm_sm90.lua"
     for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
         int mt, nt;
         tile_of(lin, mtiles, NTILES, mt, nt);
         const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
         if (rows <= 0)
             continue;
-#line 673 "templates/gemm_sm90.lua"
+#line 798 "templates/gemm_sm90.lua"
         const int brow = expert * N + nt * BN;
-#line 675 "templates/gemm_sm90.lua"
+#line 800 "templates/gemm_sm90.lua"
         for (int kt = 0; kt < KTILES; ++kt) {
             const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
             bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
@@ -4053,9 +4078,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
 #pragma unroll
             for (int a = 0; a < KATOMS; ++a) {
                 tma_load(so + a * (BM * 128), ma, kt * BK + a * 64, row_start, full);
-#line 690 "templates/gemm_sm90.lua"
+#line 815 "templates/gemm_sm90.lua"
                 tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
-#line 692 "templates/gemm_sm90.lua"
+#line 817 "templates/gemm_sm90.lua"
             }
             if (++s == STAGES) {
                 s = 0;
@@ -4063,16 +4088,17 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
             }
         }
     }
+#line 825 "templates/gemm_sm90.lua"
 }
 
-#line 776 "templates/gemm_sm90.lua"
+#line 902 "templates/gemm_sm90.lua"
 /* A consumer warpgroup (cw) on one tile: acc (its WG_ROWS x BN fp32 tile)
  * = A . B^T over all k tiles, from ring position (s, phase), which it
  * advances. The wgmma of k tile kt stay in flight while the warpgroup
  * waits for tile kt + 1; a stage is released once the wgmma that read it
  * retired (wait_group 1 after the next commit; the last one after
  * wait_group 0), so the producer refills it during the epilogue. */
-#line 783 "templates/gemm_sm90.lua"
+#line 909 "templates/gemm_sm90.lua"
 /* Ping-pong: the warpgroup's rows are the whole tile, of which the first
  * ACT m64 blocks are computed (a short tile's others stay 0: a compile-time
  * count, since a branch among the wgmma makes ptxas wait on them), and it
@@ -4081,12 +4107,12 @@ template <int ACT>
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
                                                unsigned &phase) {
     const unsigned long long da0 = sdesc(sbase);
-#line 801 "templates/gemm_sm90.lua"
+#line 927 "templates/gemm_sm90.lua"
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
     int prev = 0;
     for (int kt = 0; kt < KTILES; ++kt) {
         bar_wait(sbase + BAR_OFF + s * 8, phase);
-#line 809 "templates/gemm_sm90.lua"
+#line 935 "templates/gemm_sm90.lua"
         wgmma_fence();
         const unsigned long long so = (unsigned long long)(s * (STAGE_BYTES >> 4));
 #pragma unroll
@@ -4105,9 +4131,9 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 828 "templates/gemm_sm90.lua"
+#line 954 "templates/gemm_sm90.lua"
     order_arrive(cw);
-#line 830 "templates/gemm_sm90.lua"
+#line 956 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -4145,7 +4171,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 1015 "templates/gemm_sm90.lua"
+#line 1165 "templates/gemm_sm90.lua"
 }  // namespace gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_impl
 #endif
 
@@ -4167,41 +4193,46 @@ gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid_cons
 #pragma unroll
         for (int s = 0; s < STAGES; ++s) {
             bar_init(sbase + BAR_OFF + s * 8, 1);
+#line 1189 "templates/gemm_sm90.lua"
             bar_init(sbase + BAR_OFF + (STAGES + s) * 8, 128);
+#line 1191 "templates/gemm_sm90.lua"
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
+#line 1200 "templates/gemm_sm90.lua"
     if (wg == 0) {
-#line 1043 "templates/gemm_sm90.lua"
+#line 1202 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 1051 "templates/gemm_sm90.lua"
+#line 1210 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
-#line 1054 "templates/gemm_sm90.lua"
+#line 1213 "templates/gemm_sm90.lua"
     } else {
-#line 1056 "templates/gemm_sm90.lua"
+#line 1215 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 940 "templates/gemm_sm90.lua"
+#line 1079 "templates/gemm_sm90.lua"
         /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
         const int cw = wg - 1, ct = tid & 127, w = ct >> 5, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF + (unsigned)cw * EPI_BYTES;
-#line 946 "templates/gemm_sm90.lua"
+#line 1085 "templates/gemm_sm90.lua"
         int s = 0, jt = 0;
         unsigned phase = 0;
-#line 951 "templates/gemm_sm90.lua"
+#line 1093 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
             const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
             if (rows <= 0)
                 continue;
+#line 1100 "templates/gemm_sm90.lua"
             if ((jt++ & 1) != cw) {  /* the other warpgroup's tile: step over its stages */
                 ring_skip(s, phase);
                 continue;
             }
             if (jt > 1)
                 order_wait(cw);  /* the other warpgroup issued the main loop of tile jt - 2 */
+#line 1113 "templates/gemm_sm90.lua"
             const int n0 = nt * BN;
             (void)expert;
             float acc[WM][NACC];
@@ -4214,29 +4245,29 @@ gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid_cons
             for (int m = 0; m < WM; ++m)
                 fence_acc(acc[m]);  /* the zeros are written before the main loop's wgmma.fence */
             /* consume arrives for the other warpgroup once its main loop is issued */
-#line 981 "templates/gemm_sm90.lua"
+#line 1131 "templates/gemm_sm90.lua"
             consume<1>(acc, sbase, cw, s, phase);
-#line 988 "templates/gemm_sm90.lua"
+#line 1138 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 1345 "templates/gemm_sm90.lua"
+#line 1511 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
-#line 1348 "templates/gemm_sm90.lua"
+#line 1514 "templates/gemm_sm90.lua"
                     const moe_half_t *__restrict__ bias = b2 + (long long)expert * N + n0;
-#line 1350 "templates/gemm_sm90.lua"
+#line 1516 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1355 "templates/gemm_sm90.lua"
+#line 1521 "templates/gemm_sm90.lua"
                         float b0 = 0.0f, b1 = 0.0f;
                         if (!N_TAIL || n0 + j * 8 < N) {
                             const unsigned bv = *(const unsigned *)(bias + j * 8 + 2 * q);
                             b0 = moe_lo_float(bv);
                             b1 = moe_hi_float(bv);
                         }
-#line 1370 "templates/gemm_sm90.lua"
+#line 1536 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -4246,48 +4277,49 @@ gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid_cons
                                               moe_pack2(acc[m][4 * j + 2 * h] + b0, acc[m][4 * j + 2 * h + 1] + b1));
                             }
                     }
-#line 993 "templates/gemm_sm90.lua"
+#line 1143 "templates/gemm_sm90.lua"
                 }
                 wg_sync(cw);
                 store_staged(obuf + ((long long)row_start * NOUT + n0 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 - pass * EPI_COLS, ct);
             }
-#line 999 "templates/gemm_sm90.lua"
+#line 1149 "templates/gemm_sm90.lua"
         }
         /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
         if (jt > 0 && (jt & 1) == cw)
             order_wait(cw);
-#line 1166 "templates/gemm_sm90.lua"
+#line 1329 "templates/gemm_sm90.lua"
     }
+#line 1333 "templates/gemm_sm90.lua"
 #else
-#line 1169 "templates/gemm_sm90.lua"
+#line 1335 "templates/gemm_sm90.lua"
     (void)hbuf_map;
-#line 1169 "templates/gemm_sm90.lua"
+#line 1335 "templates/gemm_sm90.lua"
     (void)w2_map;
-#line 1169 "templates/gemm_sm90.lua"
+#line 1335 "templates/gemm_sm90.lua"
     (void)b2;
-#line 1169 "templates/gemm_sm90.lua"
+#line 1335 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 1169 "templates/gemm_sm90.lua"
+#line 1335 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 1171 "templates/gemm_sm90.lua"
+#line 1337 "templates/gemm_sm90.lua"
     (void)obuf;
     __trap();
 #endif
 }
 
-#line 1011 "templates/gemm_sm90.lua"
+#line 1161 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8_gx_impl {
-#line 269 "templates/gemm_sm90.lua"
+#line 299 "templates/gemm_sm90.lua"
 constexpr int BM = 128, BN = 128, BK = 64, STAGES = 4, CONSUMERS = 2;
 constexpr int K = 2880;        /* reduction length */
 constexpr int N = 5760;        /* rows of B per expert */
 constexpr int NOUT = 2880;  /* output row length */
 constexpr int BNO = 64;    /* output columns per tile */
-#line 275 "templates/gemm_sm90.lua"
+#line 305 "templates/gemm_sm90.lua"
 constexpr int WG_ROWS = BM;              /* rows per consumer warpgroup: the whole tile (ping-pong) */
-#line 279 "templates/gemm_sm90.lua"
+#line 309 "templates/gemm_sm90.lua"
 constexpr int WM = WG_ROWS / 64;         /* m64 wgmma blocks per consumer */
 constexpr int NACC = BN / 2;             /* fp32 accumulators per thread and m64 block */
 constexpr int A_BYTES = 16384, STAGE_BYTES = 32768;
@@ -4297,24 +4329,24 @@ constexpr bool PERSISTENT = true;
 constexpr int RING = STAGES * STAGE_BYTES;
 /* the staging tile: its own after the ring on a persistent grid; with one
  * CTA per tile, the ring itself once the main loop is done */
-#line 289 "templates/gemm_sm90.lua"
+#line 319 "templates/gemm_sm90.lua"
 constexpr int EPI_BYTES = (BM * LDC * 2 + 15) / 16 * 16;  /* one staging tile; consumer warpgroup w's at EPI_OFF + w * EPI_BYTES */
 constexpr int EPI_OFF = RING;
 constexpr int BAR_OFF = RING + 2 * EPI_BYTES;  /* full[STAGES], then empty[STAGES] */
 constexpr int ORDER_BAR = 2;  /* named barriers ORDER_BAR + w: warpgroup w may start its next main loop */
 constexpr int EPI_BAR = 4;    /* named barriers EPI_BAR + w: warpgroup w's own (its staging passes) */
-#line 308 "templates/gemm_sm90.lua"
+#line 338 "templates/gemm_sm90.lua"
 static_assert(PERSISTENT || BM * LDC * 2 <= RING, "the output tile (BM x LDC halves) fits in the stages");
 /* the plan's numbers (gen/family_gemm.c): this layout must be its shared
  * memory exactly (moe_gemm_sm90_smem), the block one producer and
  * CONSUMERS consumer warpgroups */
 static_assert(BAR_OFF + 16 * STAGES == 168000, "the shared-memory layout is the plan's (moe_gemm_sm90_smem)");
 static_assert(384 == 128 * (CONSUMERS + 1), "threads: one producer and CONSUMERS consumer warpgroups");
-#line 320 "templates/gemm_sm90.lua"
+#line 350 "templates/gemm_sm90.lua"
 constexpr int KTILES = (K + BK - 1) / BK, KSTEPS = BK / 16, KATOMS = BK / 64;
-#line 322 "templates/gemm_sm90.lua"
+#line 352 "templates/gemm_sm90.lua"
 constexpr int NTILES = (N + BN - 1) / BN;  /* N tiles per M tile */
-#line 330 "templates/gemm_sm90.lua"
+#line 360 "templates/gemm_sm90.lua"
 constexpr int CTHREADS = 128 * CONSUMERS;
 constexpr bool N_TAIL = false;
 constexpr bool OUT_TAIL = false;
@@ -4349,7 +4381,7 @@ static __device__ __forceinline__ void tma_load(unsigned s, const moe_tmap_t *ma
                  " [%0], [%1, {%2, %3}], [%4];\n"
                  :: "r"(s), "l"((unsigned long long)map), "r"(k0), "r"(row), "r"(b) : "memory");
 }
-#line 379 "templates/gemm_sm90.lua"
+#line 409 "templates/gemm_sm90.lua"
 static __device__ __forceinline__ void tma_prefetch_map(const moe_tmap_t *map) {
     asm volatile("prefetch.tensormap [%0];\n" :: "l"((unsigned long long)map) : "memory");
 }
@@ -4359,6 +4391,7 @@ static __device__ __forceinline__ void fence_proxy_async() {
 static __device__ __forceinline__ void consumers_sync() {
     asm volatile("bar.sync 1, %0;\n" :: "n"(CTHREADS) : "memory");
 }
+#line 452 "templates/gemm_sm90.lua"
 static __device__ __forceinline__ void st_shared_u32(unsigned s, unsigned v) {
     asm volatile("st.shared.u32 [%0], %1;\n" :: "r"(s), "r"(v) : "memory");
 }
@@ -4374,10 +4407,10 @@ static __device__ __forceinline__ void copy16_s2g(void *g, unsigned s) {
 static __device__ __forceinline__ unsigned long long sdesc(unsigned addr) {
     return (unsigned long long)((addr & 0x3FFFFu) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
 }
-#line 414 "templates/gemm_sm90.lua"
+#line 478 "templates/gemm_sm90.lua"
 /* d (64 x BN fp32, this thread's part) += A(64 x 16) . B(BN x 16)^T. */
 static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long long da, unsigned long long db) {
-#line 418 "templates/gemm_sm90.lua"
+#line 482 "templates/gemm_sm90.lua"
     asm volatile("{\n"
                  ".reg .pred p;\n"
                  "setp.ne.b32 p, %66, 0;\n"
@@ -4385,45 +4418,45 @@ static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long lon
                  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63},\n"
                  "%64, %65, p, 1, 1, 0, 0;\n"
                  "}\n"
-#line 427 "templates/gemm_sm90.lua"
+#line 491 "templates/gemm_sm90.lua"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-#line 427 "templates/gemm_sm90.lua"
+#line 491 "templates/gemm_sm90.lua"
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-#line 427 "templates/gemm_sm90.lua"
+#line 491 "templates/gemm_sm90.lua"
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-#line 427 "templates/gemm_sm90.lua"
+#line 491 "templates/gemm_sm90.lua"
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-#line 427 "templates/gemm_sm90.lua"
+#line 491 "templates/gemm_sm90.lua"
                    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-#line 427 "templates/gemm_sm90.lua"
+#line 491 "templates/gemm_sm90.lua"
                    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-#line 427 "templates/gemm_sm90.lua"
+#line 491 "templates/gemm_sm90.lua"
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-#line 427 "templates/gemm_sm90.lua"
+#line 491 "templates/gemm_sm90.lua"
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-#line 429 "templates/gemm_sm90.lua"
+#line 493 "templates/gemm_sm90.lua"
                  : "l"(da), "l"(db), "r"(1));
 }
 /* Keep the compiler from moving accumulator accesses across a wgmma wait. */
 static __device__ __forceinline__ void fence_acc(float (&d)[NACC]) {
     asm volatile(""
-#line 435 "templates/gemm_sm90.lua"
+#line 499 "templates/gemm_sm90.lua"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-#line 435 "templates/gemm_sm90.lua"
+#line 499 "templates/gemm_sm90.lua"
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-#line 435 "templates/gemm_sm90.lua"
+#line 499 "templates/gemm_sm90.lua"
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-#line 435 "templates/gemm_sm90.lua"
+#line 499 "templates/gemm_sm90.lua"
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-#line 435 "templates/gemm_sm90.lua"
+#line 499 "templates/gemm_sm90.lua"
                    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-#line 435 "templates/gemm_sm90.lua"
+#line 499 "templates/gemm_sm90.lua"
                    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-#line 435 "templates/gemm_sm90.lua"
+#line 499 "templates/gemm_sm90.lua"
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-#line 435 "templates/gemm_sm90.lua"
+#line 499 "templates/gemm_sm90.lua"
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-#line 437 "templates/gemm_sm90.lua"
+#line 501 "templates/gemm_sm90.lua"
                  :: "memory");
 }
 static __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -4431,7 +4464,7 @@ static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.comm
 template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
-#line 627 "templates/gemm_sm90.lua"
+#line 691 "templates/gemm_sm90.lua"
 
 /* The ping-pong order: consumer warpgroup cw waits until the other one
  * arrived (having issued the main loop of the tile before cw's), and
@@ -4453,7 +4486,7 @@ static __device__ __forceinline__ void ring_skip(int &s, unsigned &phase) {
     s = p % STAGES;
     phase ^= (unsigned)(p / STAGES) & 1u;
 }
-#line 649 "templates/gemm_sm90.lua"
+#line 713 "templates/gemm_sm90.lua"
 
 #line 18 "templates/gemm_sm80.lua"
 /* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
@@ -4471,7 +4504,7 @@ static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, 
     nt = within / size;
 #line 36 "templates/gemm_sm80.lua"
 }
-#line 651 "templates/gemm_sm90.lua"
+#line 739 "templates/gemm_sm90.lua"
 
 /* The producer (one thread): for every tile of this CTA, every k tile of
  * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
@@ -4482,16 +4515,16 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
                                                const moe_tile_t *__restrict__ tiles, int mtiles) {
     int s = 0;
     unsigned phase = 0;
-#line 664 "templates/gemm_sm90.lua"
+#line 789 "templates/gemm_sm90.lua"
     for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
         int mt, nt;
         tile_of(lin, mtiles, NTILES, mt, nt);
         const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
         if (rows <= 0)
             continue;
-#line 673 "templates/gemm_sm90.lua"
+#line 798 "templates/gemm_sm90.lua"
         const int brow = expert * N + nt * BN;
-#line 675 "templates/gemm_sm90.lua"
+#line 800 "templates/gemm_sm90.lua"
         for (int kt = 0; kt < KTILES; ++kt) {
             const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
             bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
@@ -4499,9 +4532,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
 #pragma unroll
             for (int a = 0; a < KATOMS; ++a) {
                 tma_load(so + a * (BM * 128), ma, kt * BK + a * 64, row_start, full);
-#line 690 "templates/gemm_sm90.lua"
+#line 815 "templates/gemm_sm90.lua"
                 tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
-#line 692 "templates/gemm_sm90.lua"
+#line 817 "templates/gemm_sm90.lua"
             }
             if (++s == STAGES) {
                 s = 0;
@@ -4509,9 +4542,10 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
             }
         }
     }
+#line 825 "templates/gemm_sm90.lua"
 }
 
-#line 702 "templates/gemm_sm90.lua"
+#line 828 "templates/gemm_sm90.lua"
 /* The gathering producer (the call's src_of given; docs/DESIGN.md, "The
  * gathered up GEMM"): the 128 threads of warpgroup 0. Row i of a tile's A
  * is x[src_of[row_start + i]]; thread pt copies 16-byte chunk j = pt % 8 of
@@ -4534,7 +4568,7 @@ static __device__ __forceinline__ void produce_gather(unsigned sbase, const moe_
     constexpr int RPT = BM / 16;  /* rows per thread */
     const int j = pt & 7, r0 = pt >> 3;
     const unsigned my = (unsigned)r0 * 128u + ((unsigned)(j ^ (r0 & 7)) << 4);  /* in a stage's A atom */
-#line 727 "templates/gemm_sm90.lua"
+#line 853 "templates/gemm_sm90.lua"
     int s = 0;
     unsigned phase = 0;
     for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
@@ -4555,9 +4589,9 @@ static __device__ __forceinline__ void produce_gather(unsigned sbase, const moe_
                 bar_arrive_expect_tx(full, STAGE_BYTES - A_BYTES);
 #pragma unroll
                 for (int a = 0; a < KATOMS; ++a)
-#line 750 "templates/gemm_sm90.lua"
+#line 876 "templates/gemm_sm90.lua"
                     tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
-#line 752 "templates/gemm_sm90.lua"
+#line 878 "templates/gemm_sm90.lua"
             }
 #pragma unroll
             for (int a = 0; a < KATOMS; ++a) {
@@ -4581,14 +4615,14 @@ static __device__ __forceinline__ void produce_gather(unsigned sbase, const moe_
     asm volatile("cp.async.wait_all;\n" ::: "memory");
 }
 
-#line 776 "templates/gemm_sm90.lua"
+#line 902 "templates/gemm_sm90.lua"
 /* A consumer warpgroup (cw) on one tile: acc (its WG_ROWS x BN fp32 tile)
  * = A . B^T over all k tiles, from ring position (s, phase), which it
  * advances. The wgmma of k tile kt stay in flight while the warpgroup
  * waits for tile kt + 1; a stage is released once the wgmma that read it
  * retired (wait_group 1 after the next commit; the last one after
  * wait_group 0), so the producer refills it during the epilogue. */
-#line 783 "templates/gemm_sm90.lua"
+#line 909 "templates/gemm_sm90.lua"
 /* Ping-pong: the warpgroup's rows are the whole tile, of which the first
  * ACT m64 blocks are computed (a short tile's others stay 0: a compile-time
  * count, since a branch among the wgmma makes ptxas wait on them), and it
@@ -4597,15 +4631,15 @@ template <int ACT>
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
                                                unsigned &phase, bool gathered) {
     const unsigned long long da0 = sdesc(sbase);
-#line 801 "templates/gemm_sm90.lua"
+#line 927 "templates/gemm_sm90.lua"
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
     int prev = 0;
     for (int kt = 0; kt < KTILES; ++kt) {
         bar_wait(sbase + BAR_OFF + s * 8, phase);
-#line 806 "templates/gemm_sm90.lua"
+#line 932 "templates/gemm_sm90.lua"
         if (gathered)  /* A came by cp.async (generic proxy); wgmma reads by the async proxy */
             fence_proxy_async();
-#line 809 "templates/gemm_sm90.lua"
+#line 935 "templates/gemm_sm90.lua"
         wgmma_fence();
         const unsigned long long so = (unsigned long long)(s * (STAGE_BYTES >> 4));
 #pragma unroll
@@ -4624,9 +4658,9 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 828 "templates/gemm_sm90.lua"
+#line 954 "templates/gemm_sm90.lua"
     order_arrive(cw);
-#line 830 "templates/gemm_sm90.lua"
+#line 956 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -4672,7 +4706,7 @@ static __device__ __forceinline__ float swiglu(float gate, float up) {
     up = fminf(fmaxf(up, -7.0f), 7.0f);
     return (up + 1.0f) * gate * moe_sigmoid(1.702f * gate);
 }
-#line 1015 "templates/gemm_sm90.lua"
+#line 1165 "templates/gemm_sm90.lua"
 }  // namespace gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8_gx_impl
 #endif
 
@@ -4694,43 +4728,48 @@ gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8_gx(const __
 #pragma unroll
         for (int s = 0; s < STAGES; ++s) {
             bar_init(sbase + BAR_OFF + s * 8, src_of ? 1 + 128 : 1);
+#line 1189 "templates/gemm_sm90.lua"
             bar_init(sbase + BAR_OFF + (STAGES + s) * 8, 128);
+#line 1191 "templates/gemm_sm90.lua"
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
+#line 1200 "templates/gemm_sm90.lua"
     if (wg == 0) {
-#line 1043 "templates/gemm_sm90.lua"
+#line 1202 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 1046 "templates/gemm_sm90.lua"
+#line 1205 "templates/gemm_sm90.lua"
         if (src_of)  /* the rows gathered from x (the call's scatter wrote only the maps) */
             produce_gather(sbase, &w1p_map, tiles, mtiles, gx, src_of, tid);
         else if (tid == 0)
             produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
-#line 1054 "templates/gemm_sm90.lua"
+#line 1213 "templates/gemm_sm90.lua"
     } else {
-#line 1056 "templates/gemm_sm90.lua"
+#line 1215 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 940 "templates/gemm_sm90.lua"
+#line 1079 "templates/gemm_sm90.lua"
         /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
         const int cw = wg - 1, ct = tid & 127, w = ct >> 5, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF + (unsigned)cw * EPI_BYTES;
-#line 946 "templates/gemm_sm90.lua"
+#line 1085 "templates/gemm_sm90.lua"
         int s = 0, jt = 0;
         unsigned phase = 0;
-#line 951 "templates/gemm_sm90.lua"
+#line 1093 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
             const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
             if (rows <= 0)
                 continue;
+#line 1100 "templates/gemm_sm90.lua"
             if ((jt++ & 1) != cw) {  /* the other warpgroup's tile: step over its stages */
                 ring_skip(s, phase);
                 continue;
             }
             if (jt > 1)
                 order_wait(cw);  /* the other warpgroup issued the main loop of tile jt - 2 */
+#line 1113 "templates/gemm_sm90.lua"
             const int n0 = nt * BN;
             (void)expert;
             float acc[WM][NACC];
@@ -4743,27 +4782,27 @@ gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8_gx(const __
             for (int m = 0; m < WM; ++m)
                 fence_acc(acc[m]);  /* the zeros are written before the main loop's wgmma.fence */
             /* consume arrives for the other warpgroup once its main loop is issued */
-#line 976 "templates/gemm_sm90.lua"
+#line 1126 "templates/gemm_sm90.lua"
             if (rows > 64)
                 consume<2>(acc, sbase, cw, s, phase, src_of != nullptr);
             else  /* a short tile (an expert's last): the m64 block with rows alone */
                 consume<1>(acc, sbase, cw, s, phase, src_of != nullptr);
-#line 988 "templates/gemm_sm90.lua"
+#line 1138 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 1286 "templates/gemm_sm90.lua"
+#line 1452 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
                      * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
                      * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 1291 "templates/gemm_sm90.lua"
+#line 1457 "templates/gemm_sm90.lua"
                     const moe_half_t *__restrict__ bias = b1p + (long long)expert * N + n0;
-#line 1293 "templates/gemm_sm90.lua"
+#line 1459 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1298 "templates/gemm_sm90.lua"
+#line 1464 "templates/gemm_sm90.lua"
                         float bg0 = 0.0f, bg1 = 0.0f, bu0 = 0.0f, bu1 = 0.0f;
                         if (!N_TAIL || n0 + j * 16 < N) {
                             const unsigned bg = *(const unsigned *)(bias + j * 16 + 2 * q);
@@ -4773,7 +4812,7 @@ gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8_gx(const __
                             bu0 = moe_lo_float(bu);
                             bu1 = moe_hi_float(bu);
                         }
-#line 1308 "templates/gemm_sm90.lua"
+#line 1474 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -4782,55 +4821,56 @@ gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8_gx(const __
                                 const float o0 = swiglu(acc[m][8 * j + 2 * h] + bg0, acc[m][8 * j + 4 + 2 * h] + bu0);
                                 const float o1 = swiglu(acc[m][8 * j + 2 * h + 1] + bg1, acc[m][8 * j + 5 + 2 * h] + bu1);
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
-#line 1323 "templates/gemm_sm90.lua"
+#line 1489 "templates/gemm_sm90.lua"
                             }
                     }
-#line 993 "templates/gemm_sm90.lua"
+#line 1143 "templates/gemm_sm90.lua"
                 }
                 wg_sync(cw);
                 store_staged(hbuf + ((long long)row_start * NOUT + n0 / 2 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 / 2 - pass * EPI_COLS, ct);
             }
-#line 999 "templates/gemm_sm90.lua"
+#line 1149 "templates/gemm_sm90.lua"
         }
         /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
         if (jt > 0 && (jt & 1) == cw)
             order_wait(cw);
-#line 1166 "templates/gemm_sm90.lua"
+#line 1329 "templates/gemm_sm90.lua"
     }
+#line 1333 "templates/gemm_sm90.lua"
 #else
-#line 1169 "templates/gemm_sm90.lua"
+#line 1335 "templates/gemm_sm90.lua"
     (void)xs_map;
-#line 1169 "templates/gemm_sm90.lua"
+#line 1335 "templates/gemm_sm90.lua"
     (void)w1p_map;
-#line 1169 "templates/gemm_sm90.lua"
+#line 1335 "templates/gemm_sm90.lua"
     (void)b1p;
-#line 1169 "templates/gemm_sm90.lua"
+#line 1335 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 1169 "templates/gemm_sm90.lua"
+#line 1335 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 1169 "templates/gemm_sm90.lua"
+#line 1335 "templates/gemm_sm90.lua"
     (void)hbuf;
-#line 1169 "templates/gemm_sm90.lua"
+#line 1335 "templates/gemm_sm90.lua"
     (void)gx;
-#line 1171 "templates/gemm_sm90.lua"
+#line 1337 "templates/gemm_sm90.lua"
     (void)src_of;
     __trap();
 #endif
 }
 
-#line 1011 "templates/gemm_sm90.lua"
+#line 1161 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8_impl {
-#line 269 "templates/gemm_sm90.lua"
+#line 299 "templates/gemm_sm90.lua"
 constexpr int BM = 128, BN = 128, BK = 64, STAGES = 4, CONSUMERS = 2;
 constexpr int K = 2880;        /* reduction length */
 constexpr int N = 2880;        /* rows of B per expert */
 constexpr int NOUT = 2880;  /* output row length */
 constexpr int BNO = 128;    /* output columns per tile */
-#line 275 "templates/gemm_sm90.lua"
+#line 305 "templates/gemm_sm90.lua"
 constexpr int WG_ROWS = BM;              /* rows per consumer warpgroup: the whole tile (ping-pong) */
-#line 279 "templates/gemm_sm90.lua"
+#line 309 "templates/gemm_sm90.lua"
 constexpr int WM = WG_ROWS / 64;         /* m64 wgmma blocks per consumer */
 constexpr int NACC = BN / 2;             /* fp32 accumulators per thread and m64 block */
 constexpr int A_BYTES = 16384, STAGE_BYTES = 32768;
@@ -4840,24 +4880,24 @@ constexpr bool PERSISTENT = true;
 constexpr int RING = STAGES * STAGE_BYTES;
 /* the staging tile: its own after the ring on a persistent grid; with one
  * CTA per tile, the ring itself once the main loop is done */
-#line 289 "templates/gemm_sm90.lua"
+#line 319 "templates/gemm_sm90.lua"
 constexpr int EPI_BYTES = (BM * LDC * 2 + 15) / 16 * 16;  /* one staging tile; consumer warpgroup w's at EPI_OFF + w * EPI_BYTES */
 constexpr int EPI_OFF = RING;
 constexpr int BAR_OFF = RING + 2 * EPI_BYTES;  /* full[STAGES], then empty[STAGES] */
 constexpr int ORDER_BAR = 2;  /* named barriers ORDER_BAR + w: warpgroup w may start its next main loop */
 constexpr int EPI_BAR = 4;    /* named barriers EPI_BAR + w: warpgroup w's own (its staging passes) */
-#line 308 "templates/gemm_sm90.lua"
+#line 338 "templates/gemm_sm90.lua"
 static_assert(PERSISTENT || BM * LDC * 2 <= RING, "the output tile (BM x LDC halves) fits in the stages");
 /* the plan's numbers (gen/family_gemm.c): this layout must be its shared
  * memory exactly (moe_gemm_sm90_smem), the block one producer and
  * CONSUMERS consumer warpgroups */
 static_assert(BAR_OFF + 16 * STAGES == 200768, "the shared-memory layout is the plan's (moe_gemm_sm90_smem)");
 static_assert(384 == 128 * (CONSUMERS + 1), "threads: one producer and CONSUMERS consumer warpgroups");
-#line 320 "templates/gemm_sm90.lua"
+#line 350 "templates/gemm_sm90.lua"
 constexpr int KTILES = (K + BK - 1) / BK, KSTEPS = BK / 16, KATOMS = BK / 64;
-#line 322 "templates/gemm_sm90.lua"
+#line 352 "templates/gemm_sm90.lua"
 constexpr int NTILES = (N + BN - 1) / BN;  /* N tiles per M tile */
-#line 330 "templates/gemm_sm90.lua"
+#line 360 "templates/gemm_sm90.lua"
 constexpr int CTHREADS = 128 * CONSUMERS;
 constexpr bool N_TAIL = true;
 constexpr bool OUT_TAIL = true;
@@ -4892,7 +4932,7 @@ static __device__ __forceinline__ void tma_load(unsigned s, const moe_tmap_t *ma
                  " [%0], [%1, {%2, %3}], [%4];\n"
                  :: "r"(s), "l"((unsigned long long)map), "r"(k0), "r"(row), "r"(b) : "memory");
 }
-#line 379 "templates/gemm_sm90.lua"
+#line 409 "templates/gemm_sm90.lua"
 static __device__ __forceinline__ void tma_prefetch_map(const moe_tmap_t *map) {
     asm volatile("prefetch.tensormap [%0];\n" :: "l"((unsigned long long)map) : "memory");
 }
@@ -4902,6 +4942,7 @@ static __device__ __forceinline__ void fence_proxy_async() {
 static __device__ __forceinline__ void consumers_sync() {
     asm volatile("bar.sync 1, %0;\n" :: "n"(CTHREADS) : "memory");
 }
+#line 452 "templates/gemm_sm90.lua"
 static __device__ __forceinline__ void st_shared_u32(unsigned s, unsigned v) {
     asm volatile("st.shared.u32 [%0], %1;\n" :: "r"(s), "r"(v) : "memory");
 }
@@ -4917,10 +4958,10 @@ static __device__ __forceinline__ void copy16_s2g(void *g, unsigned s) {
 static __device__ __forceinline__ unsigned long long sdesc(unsigned addr) {
     return (unsigned long long)((addr & 0x3FFFFu) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
 }
-#line 414 "templates/gemm_sm90.lua"
+#line 478 "templates/gemm_sm90.lua"
 /* d (64 x BN fp32, this thread's part) += A(64 x 16) . B(BN x 16)^T. */
 static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long long da, unsigned long long db) {
-#line 418 "templates/gemm_sm90.lua"
+#line 482 "templates/gemm_sm90.lua"
     asm volatile("{\n"
                  ".reg .pred p;\n"
                  "setp.ne.b32 p, %66, 0;\n"
@@ -4928,45 +4969,45 @@ static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long lon
                  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63},\n"
                  "%64, %65, p, 1, 1, 0, 0;\n"
                  "}\n"
-#line 427 "templates/gemm_sm90.lua"
+#line 491 "templates/gemm_sm90.lua"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-#line 427 "templates/gemm_sm90.lua"
+#line 491 "templates/gemm_sm90.lua"
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-#line 427 "templates/gemm_sm90.lua"
+#line 491 "templates/gemm_sm90.lua"
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-#line 427 "templates/gemm_sm90.lua"
+#line 491 "templates/gemm_sm90.lua"
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-#line 427 "templates/gemm_sm90.lua"
+#line 491 "templates/gemm_sm90.lua"
                    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-#line 427 "templates/gemm_sm90.lua"
+#line 491 "templates/gemm_sm90.lua"
                    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-#line 427 "templates/gemm_sm90.lua"
+#line 491 "templates/gemm_sm90.lua"
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-#line 427 "templates/gemm_sm90.lua"
+#line 491 "templates/gemm_sm90.lua"
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-#line 429 "templates/gemm_sm90.lua"
+#line 493 "templates/gemm_sm90.lua"
                  : "l"(da), "l"(db), "r"(1));
 }
 /* Keep the compiler from moving accumulator accesses across a wgmma wait. */
 static __device__ __forceinline__ void fence_acc(float (&d)[NACC]) {
     asm volatile(""
-#line 435 "templates/gemm_sm90.lua"
+#line 499 "templates/gemm_sm90.lua"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-#line 435 "templates/gemm_sm90.lua"
+#line 499 "templates/gemm_sm90.lua"
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-#line 435 "templates/gemm_sm90.lua"
+#line 499 "templates/gemm_sm90.lua"
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-#line 435 "templates/gemm_sm90.lua"
+#line 499 "templates/gemm_sm90.lua"
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-#line 435 "templates/gemm_sm90.lua"
+#line 499 "templates/gemm_sm90.lua"
                    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-#line 435 "templates/gemm_sm90.lua"
+#line 499 "templates/gemm_sm90.lua"
                    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-#line 435 "templates/gemm_sm90.lua"
+#line 499 "templates/gemm_sm90.lua"
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-#line 435 "templates/gemm_sm90.lua"
+#line 499 "templates/gemm_sm90.lua"
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-#line 437 "templates/gemm_sm90.lua"
+#line 501 "templates/gemm_sm90.lua"
                  :: "memory");
 }
 static __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -4974,7 +5015,7 @@ static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.comm
 template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
-#line 627 "templates/gemm_sm90.lua"
+#line 691 "templates/gemm_sm90.lua"
 
 /* The ping-pong order: consumer warpgroup cw waits until the other one
  * arrived (having issued the main loop of the tile before cw's), and
@@ -4996,7 +5037,7 @@ static __device__ __forceinline__ void ring_skip(int &s, unsigned &phase) {
     s = p % STAGES;
     phase ^= (unsigned)(p / STAGES) & 1u;
 }
-#line 649 "templates/gemm_sm90.lua"
+#line 713 "templates/gemm_sm90.lua"
 
 #line 18 "templates/gemm_sm80.lua"
 /* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
@@ -5014,7 +5055,7 @@ static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, 
     nt = within / size;
 #line 36 "templates/gemm_sm80.lua"
 }
-#line 651 "templates/gemm_sm90.lua"
+#line 739 "templates/gemm_sm90.lua"
 
 /* The producer (one thread): for every tile of this CTA, every k tile of
  * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
@@ -5025,16 +5066,16 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
                                                const moe_tile_t *__restrict__ tiles, int mtiles) {
     int s = 0;
     unsigned phase = 0;
-#line 664 "templates/gemm_sm90.lua"
+#line 789 "templates/gemm_sm90.lua"
     for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
         int mt, nt;
         tile_of(lin, mtiles, NTILES, mt, nt);
         const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
         if (rows <= 0)
             continue;
-#line 673 "templates/gemm_sm90.lua"
+#line 798 "templates/gemm_sm90.lua"
         const int brow = expert * N + nt * BN;
-#line 675 "templates/gemm_sm90.lua"
+#line 800 "templates/gemm_sm90.lua"
         for (int kt = 0; kt < KTILES; ++kt) {
             const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
             bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
@@ -5042,9 +5083,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
 #pragma unroll
             for (int a = 0; a < KATOMS; ++a) {
                 tma_load(so + a * (BM * 128), ma, kt * BK + a * 64, row_start, full);
-#line 690 "templates/gemm_sm90.lua"
+#line 815 "templates/gemm_sm90.lua"
                 tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
-#line 692 "templates/gemm_sm90.lua"
+#line 817 "templates/gemm_sm90.lua"
             }
             if (++s == STAGES) {
                 s = 0;
@@ -5052,16 +5093,17 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
             }
         }
     }
+#line 825 "templates/gemm_sm90.lua"
 }
 
-#line 776 "templates/gemm_sm90.lua"
+#line 902 "templates/gemm_sm90.lua"
 /* A consumer warpgroup (cw) on one tile: acc (its WG_ROWS x BN fp32 tile)
  * = A . B^T over all k tiles, from ring position (s, phase), which it
  * advances. The wgmma of k tile kt stay in flight while the warpgroup
  * waits for tile kt + 1; a stage is released once the wgmma that read it
  * retired (wait_group 1 after the next commit; the last one after
  * wait_group 0), so the producer refills it during the epilogue. */
-#line 783 "templates/gemm_sm90.lua"
+#line 909 "templates/gemm_sm90.lua"
 /* Ping-pong: the warpgroup's rows are the whole tile, of which the first
  * ACT m64 blocks are computed (a short tile's others stay 0: a compile-time
  * count, since a branch among the wgmma makes ptxas wait on them), and it
@@ -5070,12 +5112,12 @@ template <int ACT>
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
                                                unsigned &phase) {
     const unsigned long long da0 = sdesc(sbase);
-#line 801 "templates/gemm_sm90.lua"
+#line 927 "templates/gemm_sm90.lua"
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
     int prev = 0;
     for (int kt = 0; kt < KTILES; ++kt) {
         bar_wait(sbase + BAR_OFF + s * 8, phase);
-#line 809 "templates/gemm_sm90.lua"
+#line 935 "templates/gemm_sm90.lua"
         wgmma_fence();
         const unsigned long long so = (unsigned long long)(s * (STAGE_BYTES >> 4));
 #pragma unroll
@@ -5094,9 +5136,9 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 828 "templates/gemm_sm90.lua"
+#line 954 "templates/gemm_sm90.lua"
     order_arrive(cw);
-#line 830 "templates/gemm_sm90.lua"
+#line 956 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -5134,7 +5176,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 1015 "templates/gemm_sm90.lua"
+#line 1165 "templates/gemm_sm90.lua"
 }  // namespace gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8_impl
 #endif
 
@@ -5156,41 +5198,46 @@ gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8(const __grid_con
 #pragma unroll
         for (int s = 0; s < STAGES; ++s) {
             bar_init(sbase + BAR_OFF + s * 8, 1);
+#line 1189 "templates/gemm_sm90.lua"
             bar_init(sbase + BAR_OFF + (STAGES + s) * 8, 128);
+#line 1191 "templates/gemm_sm90.lua"
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
+#line 1200 "templates/gemm_sm90.lua"
     if (wg == 0) {
-#line 1043 "templates/gemm_sm90.lua"
+#line 1202 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 1051 "templates/gemm_sm90.lua"
+#line 1210 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
-#line 1054 "templates/gemm_sm90.lua"
+#line 1213 "templates/gemm_sm90.lua"
     } else {
-#line 1056 "templates/gemm_sm90.lua"
+#line 1215 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 940 "templates/gemm_sm90.lua"
+#line 1079 "templates/gemm_sm90.lua"
         /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
         const int cw = wg - 1, ct = tid & 127, w = ct >> 5, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF + (unsigned)cw * EPI_BYTES;
-#line 946 "templates/gemm_sm90.lua"
+#line 1085 "templates/gemm_sm90.lua"
         int s = 0, jt = 0;
         unsigned phase = 0;
-#line 951 "templates/gemm_sm90.lua"
+#line 1093 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
             const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
             if (rows <= 0)
                 continue;
+#line 1100 "templates/gemm_sm90.lua"
             if ((jt++ & 1) != cw) {  /* the other warpgroup's tile: step over its stages */
                 ring_skip(s, phase);
                 continue;
             }
             if (jt > 1)
                 order_wait(cw);  /* the other warpgroup issued the main loop of tile jt - 2 */
+#line 1113 "templates/gemm_sm90.lua"
             const int n0 = nt * BN;
             (void)expert;
             float acc[WM][NACC];
@@ -5203,32 +5250,32 @@ gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8(const __grid_con
             for (int m = 0; m < WM; ++m)
                 fence_acc(acc[m]);  /* the zeros are written before the main loop's wgmma.fence */
             /* consume arrives for the other warpgroup once its main loop is issued */
-#line 976 "templates/gemm_sm90.lua"
+#line 1126 "templates/gemm_sm90.lua"
             if (rows > 64)
                 consume<2>(acc, sbase, cw, s, phase);
             else  /* a short tile (an expert's last): the m64 block with rows alone */
                 consume<1>(acc, sbase, cw, s, phase);
-#line 988 "templates/gemm_sm90.lua"
+#line 1138 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 1345 "templates/gemm_sm90.lua"
+#line 1511 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
-#line 1348 "templates/gemm_sm90.lua"
+#line 1514 "templates/gemm_sm90.lua"
                     const moe_half_t *__restrict__ bias = b2 + (long long)expert * N + n0;
-#line 1350 "templates/gemm_sm90.lua"
+#line 1516 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1355 "templates/gemm_sm90.lua"
+#line 1521 "templates/gemm_sm90.lua"
                         float b0 = 0.0f, b1 = 0.0f;
                         if (!N_TAIL || n0 + j * 8 < N) {
                             const unsigned bv = *(const unsigned *)(bias + j * 8 + 2 * q);
                             b0 = moe_lo_float(bv);
                             b1 = moe_hi_float(bv);
                         }
-#line 1370 "templates/gemm_sm90.lua"
+#line 1536 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -5238,31 +5285,32 @@ gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8(const __grid_con
                                               moe_pack2(acc[m][4 * j + 2 * h] + b0, acc[m][4 * j + 2 * h + 1] + b1));
                             }
                     }
-#line 993 "templates/gemm_sm90.lua"
+#line 1143 "templates/gemm_sm90.lua"
                 }
                 wg_sync(cw);
                 store_staged(obuf + ((long long)row_start * NOUT + n0 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 - pass * EPI_COLS, ct);
             }
-#line 999 "templates/gemm_sm90.lua"
+#line 1149 "templates/gemm_sm90.lua"
         }
         /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
         if (jt > 0 && (jt & 1) == cw)
             order_wait(cw);
-#line 1166 "templates/gemm_sm90.lua"
+#line 1329 "templates/gemm_sm90.lua"
     }
+#line 1333 "templates/gemm_sm90.lua"
 #else
-#line 1169 "templates/gemm_sm90.lua"
+#line 1335 "templates/gemm_sm90.lua"
     (void)hbuf_map;
-#line 1169 "templates/gemm_sm90.lua"
+#line 1335 "templates/gemm_sm90.lua"
     (void)w2_map;
-#line 1169 "templates/gemm_sm90.lua"
+#line 1335 "templates/gemm_sm90.lua"
     (void)b2;
-#line 1169 "templates/gemm_sm90.lua"
+#line 1335 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 1169 "templates/gemm_sm90.lua"
+#line 1335 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 1171 "templates/gemm_sm90.lua"
+#line 1337 "templates/gemm_sm90.lua"
     (void)obuf;
     __trap();
 #endif
@@ -6234,6 +6282,20 @@ static inline unsigned moe_sm90_ctas(unsigned long long tiles, int persistent, i
     return (unsigned)(splitk > 0 ? tiles * (unsigned long long)splitk : tiles);
 }
 
+/* CTAs of an sm_90a GEMM in CTA pairs (tile.cluster, "+mc": 2-CTA clusters
+ * on a persistent grid; templates/gemm_sm90.lua): the pairs walk (pair of
+ * M tiles, N tile) items, so twice min(items, clusters), clusters the
+ * pairs that can be resident at once (the driver's occupancy answer; at
+ * most half the SMs); 0 = not known, half the SMs. */
+static inline unsigned moe_sm90_pair_ctas(unsigned long long mtiles, unsigned long long ntiles, int clusters,
+                                          int sms) {
+    unsigned long long items = (mtiles + 1) / 2 * ntiles, cap = clusters > 0 ? (unsigned long long)clusters
+                                                                : sms > 1 ? (unsigned long long)sms / 2 : 0;
+    if (cap > 0 && items > cap)
+        items = cap;
+    return (unsigned)(2 * (items > 0 ? items : 1));
+}
+
 /* The split-K GEMMs' arrival counters (one int per tile, every split's
  * CTA takes one ticket, the last resets it to 0) sit in the counts region
  * after the E' slot counts and route's tickets (MOE_ROUTE_TICKETS: the
@@ -6374,6 +6436,7 @@ typedef struct {
     std::atomic<int> ready;
     int use90;      /* the sm_90a GEMMs: compute capability 9.x */
     int sms;        /* multiprocessors (the persistent GEMMs' grid) */
+    int clusters;   /* CTA pairs of the "+mc" GEMMs resident at once (the fewest over them): their grid; 0 none */
     int *slot_of;   /* gpt_oss_20b_slot_table's address on this device */
     int route_fuse; /* 0 with MOEGEN_ROUTE_FUSE=off (read on the first call): route, permute_plan and
                        permute_scatter always launched apart (moe_route_fuse_mode) */
@@ -6384,9 +6447,9 @@ typedef struct {
                          down GEMM (moe_combine_fuse_tokens); else its own kernel */
     int gather;     /* MOEGEN_GATHER (read on the first call): 0 off, 1 on, 2 auto (unset): where the sm_90a up GEMM
                        gathers its rows from x (moe_gather_tokens under auto) */
-#line 152 "templates/host.lua"
+#line 153 "templates/host.lua"
     gpt_oss_20b_encode_fn encode;
-#line 154 "templates/host.lua"
+#line 155 "templates/host.lua"
 } gpt_oss_20b_device_t;
 static gpt_oss_20b_device_t gpt_oss_20b_devices[gpt_oss_20b_MAX_DEVICES];
 static std::mutex gpt_oss_20b_devices_lock;
@@ -6414,37 +6477,37 @@ static cudaError_t gpt_oss_20b_device_init(gpt_oss_20b_device_t *d, int dev) {
         return cudaErrorInvalidValue;
     if (major != 9)
         d->pdl = 0;
-#line 185 "templates/host.lua"
+#line 186 "templates/host.lua"
     d->use90 = major == 9;
-#line 189 "templates/host.lua"
+#line 190 "templates/host.lua"
     if (!d->use90) /* the sm_80 kernels' moe_pdl_begin is empty: they never launch with overlap (the runtime's rule) */
         d->pdl = 0;
-#line 192 "templates/host.lua"
+#line 193 "templates/host.lua"
     if (d->use90 && (e = gpt_oss_20b_encoder(&d->encode)) != cudaSuccess)
         return e;
-#line 205 "templates/host.lua"
+#line 206 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(gpt_oss_20b_route_bf16_e32k4_t32k128s5, cudaFuncAttributeMaxDynamicSharedMemorySize, 87040)) != cudaSuccess) return e;
-#line 205 "templates/host.lua"
+#line 206 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(gpt_oss_20b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 61440)) != cudaSuccess) return e;
-#line 205 "templates/host.lua"
+#line 206 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(gpt_oss_20b_gemm_down_bf16_m64n128k32s4w2x2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 61440)) != cudaSuccess) return e;
-#line 205 "templates/host.lua"
+#line 206 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_gx, cudaFuncAttributeMaxDynamicSharedMemorySize, 198720)) != cudaSuccess) return e;
-#line 205 "templates/host.lua"
+#line 206 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 198720)) != cudaSuccess) return e;
-#line 205 "templates/host.lua"
+#line 206 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8_gx, cudaFuncAttributeMaxDynamicSharedMemorySize, 168000)) != cudaSuccess) return e;
-#line 205 "templates/host.lua"
+#line 206 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 200768)) != cudaSuccess) return e;
-#line 205 "templates/host.lua"
+#line 206 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(gpt_oss_20b_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 81920)) != cudaSuccess) return e;
-#line 205 "templates/host.lua"
+#line 206 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(gpt_oss_20b_gemm_down_bf16_m128n128k32s4w2x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 81920)) != cudaSuccess) return e;
-#line 205 "templates/host.lua"
+#line 206 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_gx, cudaFuncAttributeMaxDynamicSharedMemorySize, 198720)) != cudaSuccess) return e;
-#line 205 "templates/host.lua"
+#line 206 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16, cudaFuncAttributeMaxDynamicSharedMemorySize, 198720)) != cudaSuccess) return e;
-#line 209 "templates/host.lua"
+#line 229 "templates/host.lua"
     return cudaSuccess;
 }
 
@@ -6509,53 +6572,53 @@ static gpt_oss_20b_device_t *gpt_oss_20b_device(cudaError_t *err) {
 }
 
 extern "C" cudaError_t gpt_oss_20b_forward(const gpt_oss_20b_args_t *a, cudaStream_t stream) {
-#line 279 "templates/host.lua"
+#line 299 "templates/host.lua"
     if (!a || a->tokens < 0 || a->tokens > gpt_oss_20b_MAX_TOKENS)
         return cudaErrorInvalidValue;
     if (a->tokens == 0) /* an empty batch: nothing to enqueue, y untouched */
         return cudaSuccess;
-#line 287 "templates/host.lua"
+#line 307 "templates/host.lua"
     if (!a->x || !a->router_w || !a->w1p || !a->w2 || !a->y || !a->workspace)
         return cudaErrorInvalidValue;
-#line 290 "templates/host.lua"
+#line 310 "templates/host.lua"
     /* rows moved 16 bytes at a time: x and y 16-byte aligned, the workspace 256 (as moe_forward checks) */
     if ((uintptr_t)a->x % 16 || (uintptr_t)a->y % 16 || (uintptr_t)a->workspace % 256)
         return cudaErrorInvalidValue;
-#line 306 "templates/host.lua"
+#line 326 "templates/host.lua"
     if (!a->router_logit_bias) return cudaErrorInvalidValue;
-#line 309 "templates/host.lua"
+#line 329 "templates/host.lua"
     if (!a->b1p || !a->b2) return cudaErrorInvalidValue;
-#line 317 "templates/host.lua"
+#line 337 "templates/host.lua"
     const int T = a->tokens;
     char *ws = (char *)a->workspace;
-#line 326 "templates/host.lua"
+#line 346 "templates/host.lua"
     int *counts = (int *)(ws + 0);
-#line 326 "templates/host.lua"
+#line 346 "templates/host.lua"
     int *offsets = (int *)(ws + 2048);
-#line 326 "templates/host.lua"
+#line 346 "templates/host.lua"
     int *cursor = (int *)(ws + 2304);
-#line 326 "templates/host.lua"
+#line 346 "templates/host.lua"
     int *num_tiles = (int *)(ws + 2560);
-#line 326 "templates/host.lua"
+#line 346 "templates/host.lua"
     moe_tile_t *tiles = (moe_tile_t *)(ws + 2816);
-#line 326 "templates/host.lua"
+#line 346 "templates/host.lua"
     int *topk_idx = (int *)(ws + 19712);
-#line 326 "templates/host.lua"
+#line 346 "templates/host.lua"
     float *topk_w = (float *)(ws + 281856);
-#line 326 "templates/host.lua"
+#line 346 "templates/host.lua"
     int *row_of = (int *)(ws + 544000);
-#line 326 "templates/host.lua"
+#line 346 "templates/host.lua"
     moe_half_t *xs = (moe_half_t *)(ws + 806144);
-#line 326 "templates/host.lua"
+#line 346 "templates/host.lua"
     moe_half_t *hbuf = (moe_half_t *)(ws + 401702144);
-#line 326 "templates/host.lua"
+#line 346 "templates/host.lua"
     float *route_part = (float *)(ws + 802598144);
-#line 326 "templates/host.lua"
+#line 346 "templates/host.lua"
     int *src_of = (int *)(ws + 803122432);
-#line 332 "templates/host.lua"
+#line 352 "templates/host.lua"
     const int v = gpt_oss_20b_variant(T);
     const long long tiles_y = gpt_oss_20b_max_tiles(T, v);
-#line 337 "templates/host.lua"
+#line 357 "templates/host.lua"
     cudaError_t e;
     const gpt_oss_20b_device_t *dev = gpt_oss_20b_device(&e);
     if (!dev)
@@ -6564,7 +6627,7 @@ extern "C" cudaError_t gpt_oss_20b_forward(const gpt_oss_20b_args_t *a, cudaStre
     const bool pdl = dev->pdl == 1 || (dev->pdl == 2 && gpt_oss_20b_variant_pdl[v]);
     e = cudaMemsetAsync(counts, 0, 1832, stream);
     if (e != cudaSuccess) return e;
-#line 346 "templates/host.lua"
+#line 366 "templates/host.lua"
     /* calls of few tokens: the permute plan (and the scatter) in route's last block (moe_route_fuse_mode) */
     moe_route_fuse_t fz = {0, gpt_oss_20b_variant_align[v], dev->slot_of, offsets, cursor, tiles, num_tiles, xs, row_of};
     if (dev->route_fuse)
@@ -6572,156 +6635,156 @@ extern "C" cudaError_t gpt_oss_20b_forward(const gpt_oss_20b_args_t *a, cudaStre
     gpt_oss_20b_launch(pdl, gpt_oss_20b_route_bf16_e32k4_t32k128s5, dim3(moe_blocks(T, 32), moe_route_split(T, 32, 2880)), 256, 87040, stream,
         (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,
         counts, route_part, fz);
-#line 359 "templates/host.lua"
+#line 379 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 0)
         gpt_oss_20b_launch(pdl, gpt_oss_20b_permute_plan_e32_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 359 "templates/host.lua"
+#line 379 "templates/host.lua"
     else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 1)
         gpt_oss_20b_launch(pdl, gpt_oss_20b_permute_plan_e32_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 359 "templates/host.lua"
+#line 379 "templates/host.lua"
     else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 2)
         gpt_oss_20b_launch(pdl, gpt_oss_20b_permute_plan_e32_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 359 "templates/host.lua"
+#line 379 "templates/host.lua"
     else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 3)
         gpt_oss_20b_launch(pdl, gpt_oss_20b_permute_plan_e32_a128, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 359 "templates/host.lua"
+#line 379 "templates/host.lua"
     else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 4)
         gpt_oss_20b_launch(pdl, gpt_oss_20b_permute_plan_e32_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 366 "templates/host.lua"
+#line 386 "templates/host.lua"
     /* the sm_90a TMA up GEMMs gather their rows from x (docs/DESIGN.md, "The gathered up GEMM"): then the scatter
      * writes src_of and no rows; not when route scatters, nor for a gemv-grid (or sm_80) up GEMM; MOEGEN_GATHER as
      * libmoegen reads it (auto: at the sizes moe_gather_tokens allows) */
     int *gsrc = (int *)0;
     (void)src_of;
-#line 379 "templates/host.lua"
+#line 399 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_SCATTER && dev->use90 && dev->gather && (v == 2 || v == 3 || v == 4) &&
         (dev->gather == 1 || moe_gather_tokens(T, 4, 32, 2880)))
         gsrc = src_of;
-#line 383 "templates/host.lua"
+#line 403 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_SCATTER)
         gpt_oss_20b_launch(pdl, gpt_oss_20b_permute_scatter_bf16_h2880k4_gx, dim3(moe_blocks(T, 8)), 256, 0, stream, (const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of, gsrc);
-#line 468 "templates/host.lua"
+#line 490 "templates/host.lua"
     /* few tokens: a gemv down GEMM writes y itself (moe_combine_fuse_tokens) */
     const int cfuse = dev->combine_fuse && moe_combine_fuse_tokens(T);
     int combined = 0;
     (void)cfuse;
-#line 486 "templates/host.lua"
+#line 508 "templates/host.lua"
     if (v == 0) { /* calls of 1 .. 3 tokens */
-#line 435 "templates/host.lua"
+#line 457 "templates/host.lua"
         if (dev->use90) {
-#line 428 "templates/host.lua"
+#line 450 "templates/host.lua"
         gpt_oss_20b_launch(pdl, gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_gemv3_m64n32u2, dim3(180, (unsigned)tiles_y), 256, 11520, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 419 "templates/host.lua"
+#line 441 "templates/host.lua"
         combined = cfuse;
-#line 428 "templates/host.lua"
+#line 450 "templates/host.lua"
         gpt_oss_20b_launch(pdl, gpt_oss_20b_gemm_down_bf16_sm90a_gemv3_m64n32u2, dim3(90, (unsigned)tiles_y), 256, 11520, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs, row_of, topk_w, T, cfuse ? (moe_half_t *)a->y : (moe_half_t *)0, counts + 98);
-#line 458 "templates/host.lua"
+#line 480 "templates/host.lua"
         } else {
-#line 428 "templates/host.lua"
+#line 450 "templates/host.lua"
         gpt_oss_20b_launch(pdl, gpt_oss_20b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(45, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 428 "templates/host.lua"
+#line 450 "templates/host.lua"
         gpt_oss_20b_launch(pdl, gpt_oss_20b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(23, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 465 "templates/host.lua"
+#line 487 "templates/host.lua"
         }
-#line 486 "templates/host.lua"
+#line 508 "templates/host.lua"
     } else if (v == 1) { /* calls of 4 .. 7 tokens */
-#line 435 "templates/host.lua"
+#line 457 "templates/host.lua"
         if (dev->use90) {
-#line 428 "templates/host.lua"
+#line 450 "templates/host.lua"
         gpt_oss_20b_launch(pdl, gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_gemv3_m64n32u2, dim3(180, (unsigned)tiles_y), 256, 11520, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 419 "templates/host.lua"
+#line 441 "templates/host.lua"
         combined = cfuse;
-#line 428 "templates/host.lua"
+#line 450 "templates/host.lua"
         gpt_oss_20b_launch(pdl, gpt_oss_20b_gemm_down_bf16_sm90a_gemv3_m64n32u2, dim3(90, (unsigned)tiles_y), 256, 11520, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs, row_of, topk_w, T, cfuse ? (moe_half_t *)a->y : (moe_half_t *)0, counts + 98);
-#line 458 "templates/host.lua"
+#line 480 "templates/host.lua"
         } else {
-#line 428 "templates/host.lua"
+#line 450 "templates/host.lua"
         gpt_oss_20b_launch(pdl, gpt_oss_20b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(45, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 428 "templates/host.lua"
+#line 450 "templates/host.lua"
         gpt_oss_20b_launch(pdl, gpt_oss_20b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(23, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 465 "templates/host.lua"
+#line 487 "templates/host.lua"
         }
-#line 486 "templates/host.lua"
+#line 508 "templates/host.lua"
     } else if (v == 2) { /* calls of 8 .. 511 tokens */
-#line 435 "templates/host.lua"
+#line 457 "templates/host.lua"
         if (dev->use90) {
-#line 440 "templates/host.lua"
+#line 462 "templates/host.lua"
         moe_tmap_t ma, mb;
-#line 394 "templates/host.lua"
+#line 414 "templates/host.lua"
         if ((e = gpt_oss_20b_tmap(dev->encode, &ma, xs, tiles_y * 64, 2880, 64)) != cudaSuccess ||
             (e = gpt_oss_20b_tmap(dev->encode, &mb, a->w1p, 184320LL, 2880, 256)) != cudaSuccess)
             return e;
-#line 408 "templates/host.lua"
+#line 430 "templates/host.lua"
         gpt_oss_20b_launch(pdl, gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_gx, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 23, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf, (const moe_half_t *)a->x, (const int *)gsrc);
-#line 394 "templates/host.lua"
+#line 414 "templates/host.lua"
         if ((e = gpt_oss_20b_tmap(dev->encode, &ma, hbuf, tiles_y * 64, 2880, 64)) != cudaSuccess ||
             (e = gpt_oss_20b_tmap(dev->encode, &mb, a->w2, 92160LL, 2880, 256)) != cudaSuccess)
             return e;
-#line 408 "templates/host.lua"
+#line 430 "templates/host.lua"
         gpt_oss_20b_launch(pdl, gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 12, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 458 "templates/host.lua"
+#line 480 "templates/host.lua"
         } else {
-#line 428 "templates/host.lua"
+#line 450 "templates/host.lua"
         gpt_oss_20b_launch(pdl, gpt_oss_20b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(45, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 428 "templates/host.lua"
+#line 450 "templates/host.lua"
         gpt_oss_20b_launch(pdl, gpt_oss_20b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(23, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 465 "templates/host.lua"
+#line 487 "templates/host.lua"
         }
-#line 486 "templates/host.lua"
+#line 508 "templates/host.lua"
     } else if (v == 3) { /* calls of 512 .. 4095 tokens */
-#line 435 "templates/host.lua"
+#line 457 "templates/host.lua"
         if (dev->use90) {
-#line 440 "templates/host.lua"
+#line 462 "templates/host.lua"
         moe_tmap_t ma, mb;
-#line 394 "templates/host.lua"
+#line 414 "templates/host.lua"
         if ((e = gpt_oss_20b_tmap(dev->encode, &ma, xs, tiles_y * 128, 2880, 128)) != cudaSuccess ||
             (e = gpt_oss_20b_tmap(dev->encode, &mb, a->w1p, 184320LL, 2880, 128)) != cudaSuccess)
             return e;
-#line 408 "templates/host.lua"
+#line 430 "templates/host.lua"
         gpt_oss_20b_launch(pdl, gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8_gx, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 45, 1, 0, dev->sms)), 384, 168000, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf, (const moe_half_t *)a->x, (const int *)gsrc);
-#line 394 "templates/host.lua"
+#line 414 "templates/host.lua"
         if ((e = gpt_oss_20b_tmap(dev->encode, &ma, hbuf, tiles_y * 128, 2880, 128)) != cudaSuccess ||
             (e = gpt_oss_20b_tmap(dev->encode, &mb, a->w2, 92160LL, 2880, 128)) != cudaSuccess)
             return e;
-#line 408 "templates/host.lua"
+#line 430 "templates/host.lua"
         gpt_oss_20b_launch(pdl, gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 23, 1, 0, dev->sms)), 384, 200768, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 458 "templates/host.lua"
+#line 480 "templates/host.lua"
         } else {
-#line 428 "templates/host.lua"
+#line 450 "templates/host.lua"
         gpt_oss_20b_launch(pdl, gpt_oss_20b_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8, dim3(45, (unsigned)tiles_y), 256, 81920, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 428 "templates/host.lua"
+#line 450 "templates/host.lua"
         gpt_oss_20b_launch(pdl, gpt_oss_20b_gemm_down_bf16_m128n128k32s4w2x4g8, dim3(23, (unsigned)tiles_y), 256, 81920, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 465 "templates/host.lua"
+#line 487 "templates/host.lua"
         }
-#line 486 "templates/host.lua"
+#line 508 "templates/host.lua"
     } else if (v == 4) { /* calls of 4096 or more tokens */
-#line 435 "templates/host.lua"
+#line 457 "templates/host.lua"
         if (dev->use90) {
-#line 440 "templates/host.lua"
+#line 462 "templates/host.lua"
         moe_tmap_t ma, mb;
-#line 394 "templates/host.lua"
+#line 414 "templates/host.lua"
         if ((e = gpt_oss_20b_tmap(dev->encode, &ma, xs, tiles_y * 64, 2880, 64)) != cudaSuccess ||
             (e = gpt_oss_20b_tmap(dev->encode, &mb, a->w1p, 184320LL, 2880, 256)) != cudaSuccess)
             return e;
-#line 408 "templates/host.lua"
+#line 430 "templates/host.lua"
         gpt_oss_20b_launch(pdl, gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_gx, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 23, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf, (const moe_half_t *)a->x, (const int *)gsrc);
-#line 394 "templates/host.lua"
+#line 414 "templates/host.lua"
         if ((e = gpt_oss_20b_tmap(dev->encode, &ma, hbuf, tiles_y * 64, 2880, 64)) != cudaSuccess ||
             (e = gpt_oss_20b_tmap(dev->encode, &mb, a->w2, 92160LL, 2880, 256)) != cudaSuccess)
             return e;
-#line 408 "templates/host.lua"
+#line 430 "templates/host.lua"
         gpt_oss_20b_launch(pdl, gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 12, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 458 "templates/host.lua"
+#line 480 "templates/host.lua"
         } else {
-#line 428 "templates/host.lua"
+#line 450 "templates/host.lua"
         gpt_oss_20b_launch(pdl, gpt_oss_20b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(45, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 428 "templates/host.lua"
+#line 450 "templates/host.lua"
         gpt_oss_20b_launch(pdl, gpt_oss_20b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(23, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 465 "templates/host.lua"
+#line 487 "templates/host.lua"
         }
-#line 489 "templates/host.lua"
+#line 511 "templates/host.lua"
     }
-#line 491 "templates/host.lua"
+#line 513 "templates/host.lua"
     if (!combined)
         gpt_oss_20b_launch(pdl, gpt_oss_20b_combine_bf16_h2880k4, dim3(moe_blocks(T, 8), moe_combine_split(T, 2880)), 256, 0, stream, xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
@@ -6744,7 +6807,7 @@ extern "C" void gpt_oss_20b_pack_b1(const unsigned short *b1, unsigned short *b1
             b1p[e * 2 * F + moe_pack_row(r, F)] = b1[e * 2 * F + r];
 }
 
-#line 514 "templates/host.lua"
+#line 536 "templates/host.lua"
 /* The device-side pack of one checkpoint tensor (the runtime's
  * moe_plan_pack_async; README.md, "Weight layouts"): slots first ..
  * first + count - 1 of packed tensor `tensor` (pack_geom.h's MOE_PACK_*)
@@ -6769,5 +6832,5 @@ extern "C" cudaError_t gpt_oss_20b_pack(int tensor, void *dst, const void *src0,
         (const unsigned short *)(two ? src1 : src0), a, b, first, count);
     return cudaGetLastError();
 }
-#line 638 "templates/host.lua"
+#line 660 "templates/host.lua"
 #endif /* __CUDACC_RTC__ */

@@ -2521,6 +2521,20 @@ static inline unsigned moe_sm90_ctas(unsigned long long tiles, int persistent, i
     return (unsigned)(splitk > 0 ? tiles * (unsigned long long)splitk : tiles);
 }
 
+/* CTAs of an sm_90a GEMM in CTA pairs (tile.cluster, "+mc": 2-CTA clusters
+ * on a persistent grid; templates/gemm_sm90.lua): the pairs walk (pair of
+ * M tiles, N tile) items, so twice min(items, clusters), clusters the
+ * pairs that can be resident at once (the driver's occupancy answer; at
+ * most half the SMs); 0 = not known, half the SMs. */
+static inline unsigned moe_sm90_pair_ctas(unsigned long long mtiles, unsigned long long ntiles, int clusters,
+                                          int sms) {
+    unsigned long long items = (mtiles + 1) / 2 * ntiles, cap = clusters > 0 ? (unsigned long long)clusters
+                                                                : sms > 1 ? (unsigned long long)sms / 2 : 0;
+    if (cap > 0 && items > cap)
+        items = cap;
+    return (unsigned)(2 * (items > 0 ? items : 1));
+}
+
 /* The split-K GEMMs' arrival counters (one int per tile, every split's
  * CTA takes one ticket, the last resets it to 0) sit in the counts region
  * after the E' slot counts and route's tickets (MOE_ROUTE_TICKETS: the
@@ -2637,6 +2651,7 @@ typedef struct {
     std::atomic<int> ready;
     int use90;      /* the sm_90a GEMMs: compute capability 9.x */
     int sms;        /* multiprocessors (the persistent GEMMs' grid) */
+    int clusters;   /* CTA pairs of the "+mc" GEMMs resident at once (the fewest over them): their grid; 0 none */
     int *slot_of;   /* small_slot_table's address on this device */
     int route_fuse; /* 0 with MOEGEN_ROUTE_FUSE=off (read on the first call): route, permute_plan and
                        permute_scatter always launched apart (moe_route_fuse_mode) */
@@ -2647,9 +2662,9 @@ typedef struct {
                          down GEMM (moe_combine_fuse_tokens); else its own kernel */
     int gather;     /* MOEGEN_GATHER (read on the first call): 0 off, 1 on, 2 auto (unset): where the sm_90a up GEMM
                        gathers its rows from x (moe_gather_tokens under auto) */
-#line 152 "templates/host.lua"
+#line 153 "templates/host.lua"
     small_encode_fn encode;
-#line 154 "templates/host.lua"
+#line 155 "templates/host.lua"
 } small_device_t;
 static small_device_t small_devices[small_MAX_DEVICES];
 static std::mutex small_devices_lock;
@@ -2677,21 +2692,21 @@ static cudaError_t small_device_init(small_device_t *d, int dev) {
         return cudaErrorInvalidValue;
     if (major != 9)
         d->pdl = 0;
-#line 185 "templates/host.lua"
+#line 186 "templates/host.lua"
     d->use90 = major == 9;
-#line 189 "templates/host.lua"
+#line 190 "templates/host.lua"
     if (!d->use90) /* the sm_80 kernels' moe_pdl_begin is empty: they never launch with overlap (the runtime's rule) */
         d->pdl = 0;
-#line 192 "templates/host.lua"
+#line 193 "templates/host.lua"
     if (d->use90 && (e = small_encoder(&d->encode)) != cudaSuccess)
         return e;
-#line 205 "templates/host.lua"
+#line 206 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(small_route_bf16_e12k3_t32k128s6, cudaFuncAttributeMaxDynamicSharedMemorySize, 78336)) != cudaSuccess) return e;
-#line 205 "templates/host.lua"
+#line 206 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(small_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 61440)) != cudaSuccess) return e;
-#line 205 "templates/host.lua"
+#line 206 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(small_gemm_down_bf16_m64n128k32s4w2x2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 61440)) != cudaSuccess) return e;
-#line 209 "templates/host.lua"
+#line 229 "templates/host.lua"
     return cudaSuccess;
 }
 
@@ -2756,48 +2771,48 @@ static small_device_t *small_device(cudaError_t *err) {
 }
 
 extern "C" cudaError_t small_forward(const small_args_t *a, cudaStream_t stream) {
-#line 279 "templates/host.lua"
+#line 299 "templates/host.lua"
     if (!a || a->tokens < 0 || a->tokens > small_MAX_TOKENS)
         return cudaErrorInvalidValue;
     if (a->tokens == 0) /* an empty batch: nothing to enqueue, y untouched */
         return cudaSuccess;
-#line 287 "templates/host.lua"
+#line 307 "templates/host.lua"
     if (!a->x || !a->router_w || !a->w1p || !a->w2 || !a->y || !a->workspace)
         return cudaErrorInvalidValue;
-#line 290 "templates/host.lua"
+#line 310 "templates/host.lua"
     /* rows moved 16 bytes at a time: x and y 16-byte aligned, the workspace 256 (as moe_forward checks) */
     if ((uintptr_t)a->x % 16 || (uintptr_t)a->y % 16 || (uintptr_t)a->workspace % 256)
         return cudaErrorInvalidValue;
-#line 317 "templates/host.lua"
+#line 337 "templates/host.lua"
     const int T = a->tokens;
     char *ws = (char *)a->workspace;
-#line 326 "templates/host.lua"
+#line 346 "templates/host.lua"
     int *counts = (int *)(ws + 0);
-#line 326 "templates/host.lua"
+#line 346 "templates/host.lua"
     int *offsets = (int *)(ws + 1280);
-#line 326 "templates/host.lua"
+#line 346 "templates/host.lua"
     int *cursor = (int *)(ws + 1536);
-#line 326 "templates/host.lua"
+#line 346 "templates/host.lua"
     int *num_tiles = (int *)(ws + 1792);
-#line 326 "templates/host.lua"
+#line 346 "templates/host.lua"
     moe_tile_t *tiles = (moe_tile_t *)(ws + 2048);
-#line 326 "templates/host.lua"
+#line 346 "templates/host.lua"
     int *topk_idx = (int *)(ws + 2816);
-#line 326 "templates/host.lua"
+#line 346 "templates/host.lua"
     float *topk_w = (float *)(ws + 8960);
-#line 326 "templates/host.lua"
+#line 346 "templates/host.lua"
     int *row_of = (int *)(ws + 15104);
-#line 326 "templates/host.lua"
+#line 346 "templates/host.lua"
     moe_half_t *xs = (moe_half_t *)(ws + 21248);
-#line 326 "templates/host.lua"
+#line 346 "templates/host.lua"
     moe_half_t *hbuf = (moe_half_t *)(ws + 7062272);
-#line 326 "templates/host.lua"
+#line 346 "templates/host.lua"
     float *route_part = (float *)(ws + 9996032);
-#line 326 "templates/host.lua"
+#line 346 "templates/host.lua"
     int *src_of = (int *)(ws + 10192640);
-#line 330 "templates/host.lua"
+#line 350 "templates/host.lua"
     const long long tiles_y = small_max_tiles(T);
-#line 337 "templates/host.lua"
+#line 357 "templates/host.lua"
     cudaError_t e;
     const small_device_t *dev = small_device(&e);
     if (!dev)
@@ -2806,7 +2821,7 @@ extern "C" cudaError_t small_forward(const small_args_t *a, cudaStream_t stream)
     const bool pdl = dev->pdl == 1 || (dev->pdl == 2 && false);
     e = cudaMemsetAsync(counts, 0, 1080, stream);
     if (e != cudaSuccess) return e;
-#line 346 "templates/host.lua"
+#line 366 "templates/host.lua"
     /* calls of few tokens: the permute plan (and the scatter) in route's last block (moe_route_fuse_mode) */
     moe_route_fuse_t fz = {0, 64, dev->slot_of, offsets, cursor, tiles, num_tiles, xs, row_of};
     if (dev->route_fuse)
@@ -2814,40 +2829,40 @@ extern "C" cudaError_t small_forward(const small_args_t *a, cudaStream_t stream)
     small_launch(pdl, small_route_bf16_e12k3_t32k128s6, dim3(moe_blocks(T, 32), moe_route_split(T, 32, 1536)), 256, 78336, stream,
         (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,
         counts, route_part, fz);
-#line 354 "templates/host.lua"
+#line 374 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_PLAN)
         small_launch(pdl, small_permute_plan_e12_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 366 "templates/host.lua"
+#line 386 "templates/host.lua"
     /* the sm_90a TMA up GEMMs gather their rows from x (docs/DESIGN.md, "The gathered up GEMM"): then the scatter
      * writes src_of and no rows; not when route scatters, nor for a gemv-grid (or sm_80) up GEMM; MOEGEN_GATHER as
      * libmoegen reads it (auto: at the sizes moe_gather_tokens allows) */
     int *gsrc = (int *)0;
     (void)src_of;
-#line 383 "templates/host.lua"
+#line 403 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_SCATTER)
         small_launch(pdl, small_permute_scatter_bf16_h1536k3_gx, dim3(moe_blocks(T, 8)), 256, 0, stream, (const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of, gsrc);
-#line 468 "templates/host.lua"
+#line 490 "templates/host.lua"
     /* few tokens: a gemv down GEMM writes y itself (moe_combine_fuse_tokens) */
     const int cfuse = dev->combine_fuse && moe_combine_fuse_tokens(T);
     int combined = 0;
     (void)cfuse;
-#line 435 "templates/host.lua"
+#line 457 "templates/host.lua"
     if (dev->use90) {
-#line 428 "templates/host.lua"
+#line 450 "templates/host.lua"
     small_launch(pdl, small_gemm_up_swiglu_bf16_sm90a_gemv_m64n128u2, dim3(10, (unsigned)tiles_y), 256, 24576, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 419 "templates/host.lua"
+#line 441 "templates/host.lua"
     combined = cfuse;
-#line 428 "templates/host.lua"
+#line 450 "templates/host.lua"
     small_launch(pdl, small_gemm_down_bf16_sm90a_gemv_m64n128u2, dim3(12, (unsigned)tiles_y), 256, 10240, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs, row_of, topk_w, T, cfuse ? (moe_half_t *)a->y : (moe_half_t *)0, counts + 78);
-#line 458 "templates/host.lua"
+#line 480 "templates/host.lua"
     } else {
-#line 428 "templates/host.lua"
+#line 450 "templates/host.lua"
     small_launch(pdl, small_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(10, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 428 "templates/host.lua"
+#line 450 "templates/host.lua"
     small_launch(pdl, small_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(12, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 465 "templates/host.lua"
+#line 487 "templates/host.lua"
     }
-#line 491 "templates/host.lua"
+#line 513 "templates/host.lua"
     if (!combined)
         small_launch(pdl, small_combine_bf16_h1536k3, dim3(moe_blocks(T, 8), moe_combine_split(T, 1536)), 256, 0, stream, xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
@@ -2870,7 +2885,7 @@ extern "C" void small_pack_b1(const unsigned short *b1, unsigned short *b1p) {
             b1p[e * 2 * F + moe_pack_row(r, F)] = b1[e * 2 * F + r];
 }
 
-#line 514 "templates/host.lua"
+#line 536 "templates/host.lua"
 /* The device-side pack of one checkpoint tensor (the runtime's
  * moe_plan_pack_async; README.md, "Weight layouts"): slots first ..
  * first + count - 1 of packed tensor `tensor` (pack_geom.h's MOE_PACK_*)
@@ -2895,5 +2910,5 @@ extern "C" cudaError_t small_pack(int tensor, void *dst, const void *src0, const
         (const unsigned short *)(two ? src1 : src0), a, b, first, count);
     return cudaGetLastError();
 }
-#line 638 "templates/host.lua"
+#line 660 "templates/host.lua"
 #endif /* __CUDACC_RTC__ */
