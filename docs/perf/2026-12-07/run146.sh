@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Run 146 (twenty-sixth session): CTA pairs with B multicast ("+mc", templates/gemm_sm90.lua), first GPU run.
+# r146 = main 04c6e06 (the +mc grids; the shipped table has no +mc entry). mc.tune = tuning/h200.tune with "+mc" on
+# every persist / pingpong bf16 entry of Mixtral, the DeepSeek-V3 EP8 rank and Qwen3-30B-A3B.
+# (1) a first check: test_gpu gemm at <= 600 tokens on Mixtral under mc.tune (a hang is cut by timeout);
+# (2) moe_bench --graph, the shipped table against mc.tune, interleaved, twice: Mixtral and the EP8 rank at
+#     128 / 512 / 4096 / 16384 tokens, Qwen3 at 512 / 4096 / 16384;
+# (3) test_gpu gemm,layer on the three specs under mc.tune, every token count, as the budget allows.
+# Carry ["build/r146"]. $1: budget in seconds (default 540).
+set -u
+BUDGET=${1:-540}
+mkdir -p "$OUT/w" build
+export NCCL_NVLS_ENABLE=0 MOEGEN_CACHE_DIR=/tmp/moegen_cache
+. bench/gpu_env.sh
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader > "$OUT/w/gpu.txt"
+B=build/r146
+cp $B/moegen $B/libmoegen.so $B/libmoegen_ref.so $B/liblua5.4.so.0 $B/libjansson.so.4 build/
+export LD_LIBRARY_PATH=$PWD/$B${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+MC=$PWD/docs/perf/2026-12-07/mc.tune
+BASE=$PWD/tuning/h200.tune
+MOEGEN_TUNING=$MC timeout 90 stdbuf -oL -eL $B/test_gpu --family gemm --tokens-max 600 mixtral \
+    > "$OUT/w/test_gpu_first.log" 2>&1
+first=$?
+echo "test_gpu gemm <= 600 mixtral (mc): exit $first ($SECONDS s)" >> "$OUT/w/rc.txt"
+[ $first -eq 124 ] && BUDGET=0  # a hang: nothing more under mc
+for rep in 1 2; do
+    for s in mixtral-8x7b:128,512,4096,16384 deepseek-v3-ep8:128,512,4096,16384 qwen3-30b-a3b:512,4096,16384; do
+        spec=${s%%:*}; toks=${s#*:}
+        for tab in base mc; do
+            [ $((SECONDS + 30)) -le $((BUDGET - 120)) ] || break 3
+            if [ $tab = mc ]; then tt=$MC; else tt=$BASE; fi
+            echo "== $spec $tab rep=$rep" >> "$OUT/w/ab.log"
+            MOEGEN_TUNING=$tt timeout 40 $B/moe_bench examples/specs/$spec.moe --graph $(for t in ${toks//,/ }; do
+                echo --tokens $t; done) --iters 20 >> "$OUT/w/ab.log" 2>&1
+            echo "ab $spec $tab $rep: exit $? ($SECONDS s)" >> "$OUT/w/rc.txt"
+        done
+    done
+done
+left=$((BUDGET - SECONDS - 10))
+[ $left -ge 30 ] && MOEGEN_TUNING=$MC timeout $left stdbuf -oL -eL $B/test_gpu --family gemm,layer \
+    mixtral deepseek-v3-ep8 qwen3-30b > "$OUT/w/test_gpu_mc.log" 2>&1
+echo "test_gpu gemm,layer (mc): exit $? ($SECONDS s)" >> "$OUT/w/rc.txt"
+cat "$OUT/w/rc.txt"
+for f in "$OUT"/w/test_gpu_*.log; do echo "$f: $(tail -1 "$f")"; grep -h -m5 FAIL "$f"; done
+grep -E "^== |^gemms at|^[0-9]+ +(gemm_up_swiglu|gemm_down|LAYER graph)" "$OUT/w/ab.log" | head -150
+tar czf "$OUT/w.tgz" -C "$OUT" w && rm -rf "$OUT/w"
