@@ -256,6 +256,14 @@ $(VENDORED_SPLITK): $(BUILD)/moegen tests/tune/splitk.tune examples/specs/$(VEND
 $(BUILD)/tests/test_vendored_splitk: tests/test_vendored.cu $(VENDORED_SPLITK) $(VENDORED_OBJ)
 	$(call vendored_build,$(VENDORED_BOTH),$(VENDORED_SPLITK),$(VENDORED_NAME),$(VENDORED_DEFS))
 
+# And over the CTA pairs ("+mc"): the spec emitted under tests/tune/pairs.tune (persist
+# and ping-pong grids in 2-CTA clusters; the launcher sizes their grids by resident pairs).
+VENDORED_PAIRS := $(BUILD)/vendored_pairs/$(VENDORED_NAME).cu
+$(VENDORED_PAIRS): $(BUILD)/moegen tests/tune/pairs.tune examples/specs/$(VENDORED_SPEC).moe
+	$(BUILD)/moegen emit examples/specs/$(VENDORED_SPEC).moe --tuning tests/tune/pairs.tune -o $(dir $@)
+$(BUILD)/tests/test_vendored_pairs: tests/test_vendored.cu $(VENDORED_PAIRS) $(VENDORED_OBJ)
+	$(call vendored_build,$(VENDORED_BOTH),$(VENDORED_PAIRS),$(VENDORED_NAME),$(VENDORED_DEFS))
+
 # And over the gemv GEMMs: the spec emitted under tests/tune/gemv.tune (both
 # GEMMs on the gemv grid at every size, launched on the 2D grid).
 VENDORED_GEMV := $(BUILD)/vendored_gemv/$(VENDORED_NAME).cu
@@ -312,7 +320,7 @@ $(BUILD)/tests/test_vendored_own: tests/test_vendored.cu $(VENDORED_OWN_DIR)/rou
 .PHONY: gpu-build
 gpu-build: all $(TEST_BINS) $(BUILD)/tests/test_vendored $(BUILD)/tests/test_vendored_splitk $(BUILD)/tests/test_vendored_gemv \
   $(BUILD)/tests/test_vendored_fp8 $(BUILD)/tests/test_vendored_fp8_gemv $(BUILD)/tests/test_vendored_given \
-  $(BUILD)/tests/test_vendored_own $(BUILD)/tests/test_vendored_chain
+  $(BUILD)/tests/test_vendored_own $(BUILD)/tests/test_vendored_chain $(BUILD)/tests/test_vendored_pairs
 
 .PHONY: test-vendored
 test-vendored: $(BUILD)/tests/test_vendored
@@ -325,6 +333,10 @@ test-vendored-splitk: $(BUILD)/tests/test_vendored_splitk
 .PHONY: test-vendored-gemv
 test-vendored-gemv: $(BUILD)/tests/test_vendored_gemv
 	@$(BUILD)/tests/test_vendored_gemv examples/specs/$(VENDORED_SPEC).moe
+
+.PHONY: test-vendored-pairs
+test-vendored-pairs: $(BUILD)/tests/test_vendored_pairs
+	@$(BUILD)/tests/test_vendored_pairs examples/specs/$(VENDORED_SPEC).moe
 
 .PHONY: test-vendored-chain
 test-vendored-chain: $(BUILD)/tests/test_vendored_chain

@@ -357,10 +357,10 @@ static void print_gemm_tile(const moe_kernel_desc_t *k) {
         printf("  gemv, %d weight rows per CTA of a %d-row tile, rows in chunks of 8, K unrolled %d", t->bn, t->bm,
                t->stages);
     else if (t->consumers)
-        printf("  tile %dx%dx%d, %d stages, wgmma + TMA, %s, %d consumer warpgroup%s", t->bm, t->bn, t->bk, t->stages,
+        printf("  tile %dx%dx%d, %d stages, wgmma + TMA, %s%s, %d consumer warpgroup%s", t->bm, t->bn, t->bk, t->stages,
                t->pingpong ? "persistent grid, ping-pong" : t->persistent ? "persistent grid" : t->splitk ? grid
                                                                                               : "one CTA per tile",
-               t->consumers, t->consumers == 1 ? "" : "s");
+               t->cluster ? " in CTA pairs (weights multicast)" : "", t->consumers, t->consumers == 1 ? "" : "s");
     else
         printf("  tile %dx%dx%d, %d stages, %dx%d warps, mma.sync", t->bm, t->bn, t->bk, t->stages, t->warps_m,
                t->warps_n);

@@ -292,6 +292,8 @@
 @   return lines
 @ end
 @
+@ -- CTA pairs: the kernel's cluster shape, on the sm_90 targets only (the others' body traps)
+@ local CLUSTER_DIMS = "\n#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900\n    __cluster_dims__(2, 1, 1)  /* CTA pairs */\n#endif"
 @ local ARCH_GUARD = "#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)"
 @
 @ -- The device code both kernels share, inside the kernel's namespace.
@@ -1165,7 +1167,7 @@ namespace ${p.kernel}_impl {
 }  // namespace ${p.kernel}_impl
 #endif
 
-extern "C" __global__ void __launch_bounds__(${p.threads}, 1)${c.mc and " __cluster_dims__(2, 1, 1)" or ""}
+extern "C" __global__ void __launch_bounds__(${p.threads}, 1)${c.mc and CLUSTER_DIMS or ""}
 ${p.kernel}(${args}) {
 ${ARCH_GUARD}
     moe_pdl_begin();

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Run 146 (twenty-sixth session): CTA pairs with B multicast ("+mc", templates/gemm_sm90.lua), first GPU run.
-# r146 = main 04c6e06 (the +mc grids; the shipped table has no +mc entry). mc.tune = tuning/h200.tune with "+mc" on
+# r146 = main (the +mc grids, this commit; the shipped table has no +mc entry). mc.tune = tuning/h200.tune with "+mc" on
 # every persist / pingpong bf16 entry of Mixtral, the DeepSeek-V3 EP8 rank and Qwen3-30B-A3B.
-# (1) a first check: test_gpu gemm at <= 600 tokens on Mixtral under mc.tune (a hang is cut by timeout);
+# (1) a first check: test_gpu gemm under tests/tune/pairs.tune (every test shape in pairs: persist below 64
+#     tokens, ping-pong from 64; a hang is cut by timeout), then test_vendored_pairs (the vendored launcher);
 # (2) moe_bench --graph, the shipped table against mc.tune, interleaved, twice: Mixtral and the EP8 rank at
 #     128 / 512 / 4096 / 16384 tokens, Qwen3 at 512 / 4096 / 16384;
-# (3) test_gpu gemm,layer on the three specs under mc.tune, every token count, as the budget allows.
-# Carry ["build/r146"]. $1: budget in seconds (default 540).
+# (3) test_gpu gemm,layer under pairs.tune, then on the three specs under mc.tune, as the budget allows.
+# Carry ["build/r146"] (test_vendored_pairs beside the others). $1: budget in seconds (default 540).
 set -u
 BUDGET=${1:-540}
 mkdir -p "$OUT/w" build
@@ -18,10 +19,12 @@ cp $B/moegen $B/libmoegen.so $B/libmoegen_ref.so $B/liblua5.4.so.0 $B/libjansson
 export LD_LIBRARY_PATH=$PWD/$B${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 MC=$PWD/docs/perf/2026-12-07/mc.tune
 BASE=$PWD/tuning/h200.tune
-MOEGEN_TUNING=$MC timeout 90 stdbuf -oL -eL $B/test_gpu --family gemm --tokens-max 600 mixtral \
-    > "$OUT/w/test_gpu_first.log" 2>&1
+PAIRS=$PWD/tests/tune/pairs.tune
+MOEGEN_TUNING=$PAIRS timeout 100 stdbuf -oL -eL $B/test_gpu --family gemm > "$OUT/w/test_gpu_first.log" 2>&1
 first=$?
-echo "test_gpu gemm <= 600 mixtral (mc): exit $first ($SECONDS s)" >> "$OUT/w/rc.txt"
+echo "test_gpu gemm (pairs.tune): exit $first ($SECONDS s)" >> "$OUT/w/rc.txt"
+timeout 60 $B/test_vendored_pairs examples/specs/qwen3-30b-a3b.moe > "$OUT/w/test_vendored_pairs.log" 2>&1
+echo "test_vendored_pairs: exit $? ($SECONDS s)" >> "$OUT/w/rc.txt"
 [ $first -eq 124 ] && BUDGET=0  # a hang: nothing more under mc
 for rep in 1 2; do
     for s in mixtral-8x7b:128,512,4096,16384 deepseek-v3-ep8:128,512,4096,16384 qwen3-30b-a3b:512,4096,16384; do
@@ -36,6 +39,10 @@ for rep in 1 2; do
         done
     done
 done
+left=$((BUDGET - SECONDS - 10))
+[ $left -ge 30 ] && MOEGEN_TUNING=$PAIRS timeout $left stdbuf -oL -eL $B/test_gpu --family layer \
+    > "$OUT/w/test_gpu_pairs_layer.log" 2>&1
+echo "test_gpu layer (pairs.tune): exit $? ($SECONDS s)" >> "$OUT/w/rc.txt"
 left=$((BUDGET - SECONDS - 10))
 [ $left -ge 30 ] && MOEGEN_TUNING=$MC timeout $left stdbuf -oL -eL $B/test_gpu --family gemm,layer \
     mixtral deepseek-v3-ep8 qwen3-30b > "$OUT/w/test_gpu_mc.log" 2>&1
