@@ -29,10 +29,11 @@
 #            apply = input, 1024 experts, permuted slots), test_vendored on and off, then moe_bench --graph at
 #            1, 4, 5, 8, 64 tokens on and off for those three specs ("LAYER graph" side by side)
 #   verify   the correctness tests side by side on the one GPU (times not meaningful): test_gpu's default cases,
-#            test_ep_gpu, test_vendored (and its split-K, fp8 and gemv builds), test_bgemm_gpu, test_bwd_gpu,
+#            test_ep_gpu, test_vendored (and its split-K, fp8, gemv, chain and pairs builds), test_bgemm_gpu, test_bwd_gpu,
 #            test_quant_gpu, test_runtime, moe_example, and the Python ops' GPU tests (the torch op and the JAX
 #            handler built there first); a summary line per log
-#   verify-grids  test_gpu on the examples under tests/tune/pingpong.tune, then under splitk.tune (a call of its own)
+#   verify-grids  test_gpu on the examples under tests/tune/pingpong.tune, then under splitk.tune and pairs.tune
+#            (a call of its own)
 #   pdl      issue #16, launch overlap (MOEGEN_PDL=on: every kernel a programmatic dependent): test_gpu's default
 #            cases, test_ep_gpu and test_bwd_gpu under it (side by side; correctness), then moe_bench --graph at
 #            1, 4, 8, 64, 128, 512 tokens with MOEGEN_PDL off and on for $PDL_SPECS (default qwen3-30b-a3b
@@ -305,6 +306,7 @@ for what in "$@"; do
           v test_vendored_fp8 build/tests/test_vendored_fp8 examples/specs/fp8/qwen3-30b-a3b-fp8.moe
           v test_vendored_gemv build/tests/test_vendored_gemv examples/specs/qwen3-30b-a3b.moe
           v test_vendored_chain build/tests/test_vendored_chain examples/specs/qwen3-30b-a3b.moe
+          v test_vendored_pairs build/tests/test_vendored_pairs examples/specs/qwen3-30b-a3b.moe
           MOEGEN_TUNING=tests/tune/chain.tune v test_gpu_chain build/tests/test_gpu
           v test_vendored_fp8_gemv build/tests/test_vendored_fp8_gemv examples/specs/fp8/qwen3-30b-a3b-fp8.moe
           v test_vendored_given build/tests/test_vendored_given tests/specs/given_weights.moe
@@ -329,7 +331,7 @@ for what in "$@"; do
     verify-grids)
         # the examples under the ping-pong and split-K tables, one after the other (side by side with the rest of
         # verify they ran out of the call's time, and four test_gpu runs over the examples out of host memory)
-        for g in pingpong splitk; do
+        for g in pingpong splitk pairs; do
             MOEGEN_TUNING=tests/tune/$g.tune timeout 290 build/tests/test_gpu = examples/ > "$OUT/test_gpu_$g.log" 2>&1
             echo "test_gpu_$g: exit $?" | tee -a "$OUT/verify_rc.txt"
             grep -E '^test_gpu: [0-9]+ passed' "$OUT/test_gpu_$g.log"
