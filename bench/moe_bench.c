@@ -639,6 +639,9 @@ int main(int argc, char **argv) {
                                                  : info.pdl ? "on" : "off (by MOEGEN_PDL, or no entry asks for it)");
     printf("gathered up GEMM (MOEGEN_GATHER): %s\n",
            info.gather == 2 ? "auto" : info.gather ? "on" : "off (by MOEGEN_GATHER, or not this spec or device)");
+    if (info.pair_clusters)
+        printf("CTA pairs (+mc): %d resident at once (their GEMMs' grid: %d CTAs at most)\n", info.pair_clusters,
+               2 * info.pair_clusters);
 
     const moe_dtype_t dt = sp->dtype;
     const size_t H = sp->hidden, F = sp->ffn, Tmax = sp->tokens;

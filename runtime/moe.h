@@ -570,6 +570,9 @@ typedef struct {
                                      MOEGEN_GATHER says; 0 off, or no call can (the spec: fp8 weights, training,
                                      router.apply = "input", zero experts, mesh.ep > 1; or an sm_80 device). Calls
                                      whose route fuses the scatter, or whose up stage cuDNN takes, never gather */
+    int pair_clusters;            /* CTA pairs ("+mc" tuning entries: 2-CTA clusters) the device keeps resident
+                                     at once for the plan's pair GEMMs (the driver's occupancy answer; their grid
+                                     is twice it at most); 0 = the plan has none */
 } moe_plan_info;
 #ifdef __cplusplus
 #define MOE_PLAN_INFO_INIT {sizeof(moe_plan_info)}

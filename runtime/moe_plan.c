@@ -732,7 +732,8 @@ moe_status moe_plan_get_info(const moe_plan *p, moe_plan_info *info) {
                             .held = p->ep->mp->nheld, .dispatch_capacity = p->ep->ed->capacity,
                             .cudnn_version = moe_cudnn_version(p->cudnn),
                             .gather_bytes = (long long)moe_ep_gather_bytes(p->ep->mp, s),
-                            .route_fuse = p->route_fuse, .pdl = pdl_mode(p), .gather = gather_mode(p)};
+                            .route_fuse = p->route_fuse, .pdl = pdl_mode(p), .gather = gather_mode(p),
+                            .pair_clusters = p->launcher.clusters};
     for (int i = 0; i < MOE_K_COUNT; i++)
         full.kernels[i] = p->launcher.kernels[i].name;
     /* only the bytes the caller's moe.h declares */
