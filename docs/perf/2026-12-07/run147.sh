@@ -19,11 +19,12 @@ echo "bench: exit $? ($SECONDS s)" >> "$OUT/w/rc.txt"
 for tab in mc base; do
     if [ $tab = mc ]; then tt=$MC; else tt=$PWD/tuning/h200.tune; fi
     MOEGEN_TUNING=$tt timeout 150 ncu --kernel-name regex:gemm_up_swiglu --launch-count 1 --section LaunchStats \
-        --section Occupancy --section SpeedOfLight $B/moe_bench examples/specs/mixtral-8x7b.moe --tokens 4096 \
+        --section Occupancy --section SpeedOfLight --section WarpStateStats --metrics \
+        sm__cycles_active.avg,sm__cycles_active.min,sm__cycles_elapsed.max,launch__cluster_dim_x,launch__grid_size $B/moe_bench examples/specs/mixtral-8x7b.moe --tokens 4096 \
         --iters 1 > "$OUT/w/ncu_$tab.log" 2>&1
     echo "ncu $tab: exit $? ($SECONDS s)" >> "$OUT/w/rc.txt"
 done
 cat "$OUT/w/rc.txt"
 grep -E "CTA pairs|^4096 +(gemm|LAYER)" "$OUT/w/bench.log"
-for tab in mc base; do echo "== $tab"; grep -E "gemm_up|Cluster|Grid Size|Block Size|Waves|Occupancy|Active|Duration|SM Busy|Compute \(SM\)|Memory Throughput|Registers|Shared Memory" "$OUT/w/ncu_$tab.log" | head -40; done
+for tab in mc base; do echo "== $tab"; grep -E "gemm_up|Cluster|Grid Size|Waves|Occupancy|Active|Duration|SM Busy|Compute \(SM\)|Memory Throughput|Stall|Warp Cycles|sm__|launch__" "$OUT/w/ncu_$tab.log" | head -50; done
 tar czf "$OUT/w.tgz" -C "$OUT" w && rm -rf "$OUT/w"
