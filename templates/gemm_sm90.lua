@@ -435,18 +435,14 @@ static __device__ __forceinline__ void tma_load_pair(unsigned s, const moe_tmap_
 /* A consumer thread's release of the stage whose empty barrier is at b:
  * its own arrival, and for its warp (lane 0, once the warp's wgmma that
  * read the stage retired) one on the other CTA's barrier at the same
- * offset, whose multicast writes this CTA's stage too. The remote arrival
- * keeps mbarrier.arrive's default semantics (release at CTA scope), as
- * the local one: with .release.cluster ptxas adds a fence to every
- * release (56 instructions more per kernel), and the pairs ran 1.6-2.3x
- * slower than the kernels without them (run 146, an H100). */
+ * offset, whose multicast writes this CTA's stage too. */
 static __device__ __forceinline__ void release(unsigned b) {
     bar_arrive(b);
     if ((threadIdx.x & 31) == 0)
         asm volatile("{\n"
                      ".reg .b32 ra;\n"
                      "mapa.shared::cluster.u32 ra, %0, %1;\n"
-                     "mbarrier.arrive.shared::cluster.b64 _, [ra];\n"
+                     "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n"
                      "}\n" :: "r"(b), "r"(pair_rank() ^ 1) : "memory");
 }
 /* Every thread of both CTAs (release / acquire at cluster scope). */

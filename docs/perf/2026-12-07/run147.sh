@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run 147 (twenty-sixth session): why the CTA-pair GEMMs (+mc) ran ~2x slower in run 146 (correct: test_gpu
+# Run 147 (twenty-sixth session; NOT run, no machine; run148.sh carries its ncu step): why the CTA-pair GEMMs (+mc) ran ~2x slower in run 146 (correct: test_gpu
 # 2353/0 + 12658/0 under tests/tune/pairs.tune before their time limits, test_vendored_pairs 100/0).
 # r147 = main with moe_plan_info.pair_clusters (moe_bench prints the resident pairs the driver reported).
 # (1) moe_bench on Mixtral at 4096 tokens under mc.tune; (2) Nsight Compute (LaunchStats, Occupancy,

@@ -2,10 +2,16 @@
 # Run 148 (twenty-sixth session): the CTA pairs (+mc) again, their remote stage releases without the cluster-scope
 # fence (templates/gemm_sm90.lua, release: mbarrier.arrive's default semantics, as CUTLASS's cluster barrier;
 # with .release.cluster each kernel had 56 instructions more and run 146 measured the pairs 1.6-2.3x slower).
-# r148 = this commit. Carry ["build/r148"]. $1: budget in seconds (default 330).
+# Written in the twenty-sixth session, NOT run (no device time left). r148 = main + patches/mc_release_cta.diff
+# (git apply it, make -j2 all build/moe_bench build/tests/test_gpu build/libmoegen_ref.so
+# build/tests/test_vendored_pairs, copy and strip with test_vendored_pairs beside the rest; main keeps the
+# GPU-tested .release.cluster form until this measures the other). Land the patch if (3) passes and (2) shows the
+# pairs no slower than before. Carry ["build/r148"]. $1: budget in seconds (default 330).
 # (1) moe_bench on Mixtral at 4096 under mc.tune (prints the resident pairs);
 # (2) moe_bench --graph, the shipped table against mc.tune, interleaved, twice (as run 146);
-# (3) test_gpu gemm under tests/tune/pairs.tune, test_vendored_pairs; (4) test_gpu layer under pairs.tune.
+# (3) test_gpu gemm under tests/tune/pairs.tune, test_vendored_pairs; (4) Nsight Compute of the first up GEMM at
+# 4096 tokens under mc.tune (grid, cluster size, SM activity, warp states: run147.sh's); (5) test_gpu layer under
+# pairs.tune with what is left.
 set -u
 BUDGET=${1:-330}
 mkdir -p "$OUT/w" build
@@ -35,6 +41,11 @@ MOEGEN_TUNING=$PAIRS timeout 70 stdbuf -oL -eL $B/test_gpu --family gemm > "$OUT
 echo "test_gpu gemm (pairs.tune): exit $? ($SECONDS s)" >> "$OUT/w/rc.txt"
 timeout 30 $B/test_vendored_pairs examples/specs/qwen3-30b-a3b.moe > "$OUT/w/test_vendored_pairs.log" 2>&1
 echo "test_vendored_pairs: exit $? ($SECONDS s)" >> "$OUT/w/rc.txt"
+MOEGEN_TUNING=$MC timeout 60 ncu --kernel-name regex:gemm_up_swiglu --launch-count 1 --section LaunchStats \
+    --section Occupancy --section SpeedOfLight --section WarpStateStats --metrics \
+    sm__cycles_active.avg,sm__cycles_active.min,sm__cycles_elapsed.max,launch__cluster_dim_x,launch__grid_size \
+    $B/moe_bench examples/specs/mixtral-8x7b.moe --tokens 4096 --iters 1 > "$OUT/w/ncu_mc.log" 2>&1
+echo "ncu mc: exit $? ($SECONDS s)" >> "$OUT/w/rc.txt"
 left=$((BUDGET - SECONDS - 5))
 [ $left -ge 20 ] && MOEGEN_TUNING=$PAIRS timeout $left stdbuf -oL -eL $B/test_gpu --family layer \
     > "$OUT/w/test_gpu_pairs_layer.log" 2>&1
@@ -42,5 +53,6 @@ echo "test_gpu layer (pairs.tune): exit $? ($SECONDS s)" >> "$OUT/w/rc.txt"
 cat "$OUT/w/rc.txt"
 for f in "$OUT"/w/test_*.log; do echo "$f: $(tail -1 "$f")"; grep -h -m5 FAIL "$f"; done
 grep -E "CTA pairs" "$OUT/w/bench.log"
+grep -E "Cluster|Grid Size|Waves|Duration|SM Busy|Stall|Warp Cycles|sm__|launch__" "$OUT/w/ncu_mc.log" | head -40
 grep -E "^== |^[0-9]+ +(gemm_up_swiglu|gemm_down|LAYER graph)" "$OUT/w/ab.log" | head -150
 tar czf "$OUT/w.tgz" -C "$OUT" w && rm -rf "$OUT/w"
