@@ -57,7 +57,8 @@ const char *const moe_tune_usage =
     "at every size, the candidate with the lowest sum of time ratios to the fastest over every\n"
     "measured count up to it.\n"
     "--grid tile,persist,pingpong,splitk,gemv,gemv3,gemv4,stream,chain times only the candidates of those grids (the winner is the\n"
-    "fastest of them).\n"
+    "fastest of them). persist+mc and pingpong+mc (those grids in CTA pairs sharing each weight tile by TMA\n"
+    "multicast; bf16/fp16) are timed only when --grid names them.\n"
     "-o TABLE merges the entries into TABLE (replacing entries of the same shape and tokens); without\n"
     "-o they are printed.\n"
     "Progress goes to stderr. Needs a GPU (exit 1 without one); bad input exits 2.\n";
@@ -65,7 +66,7 @@ const char *const moe_tune_usage =
 typedef struct {
     int bm, bn, stages, group_m, grid; /* grid: 0 tile, 1 persist, 2 pingpong, 3 splitk, 4 gemv, 5 gemv3
                                         * (stages: the unroll), 6 stream, 7 chain (stages: the ring's), 8
-                                        * gemv4 (the unroll) */
+                                        * gemv4 (the unroll), 9 persist+mc, 10 pingpong+mc (CTA pairs) */
     int splitk;                        /* grid 3: S, the CTAs per tile */
     int bk;                            /* 0: 64 (bf16, fp16); the fp8 tiles' 128 */
     int consumers;                     /* 0: the grid's (bm / 64; pingpong 2; gemv grids 1); 2 with bm 256 */
@@ -95,6 +96,10 @@ static const cand_t cands[] = {
      * re-read them); 256 x 64 on four consumers measured 1.2-2x slower (run 112) and is no candidate */
     {192, 128, 4, 8, 0, 0, 0, 0},    {192, 128, 4, 8, 1, 0, 0, 0},    {256, 128, 4, 8, 0, 0, 0, 2},
     {256, 128, 3, 8, 1, 0, 0, 2},
+    /* CTA pairs (+mc: two M tiles of one expert share each weight stage by TMA multicast), timed only when --grid
+     * names persist+mc or pingpong+mc (run 146 measured the first form 1.6-2.2x slower than without) */
+    {128, 256, 4, 8, 9, 0, 0, 0},    {128, 256, 3, 8, 9, 0, 0, 0},    {192, 128, 4, 8, 9, 0, 0, 0},
+    {64, 256, 4, 8, 10, 0, 0, 0},    {64, 256, 4, 16, 10, 0, 0, 0},   {128, 128, 4, 8, 10, 0, 0, 0},
 };
 /* an fp8 spec's: 64 x 256 x 128 per consumer warpgroup (gen/family_gemm.c, moe_gemm_sm90_fp8_tile_check) */
 static const cand_t fp8_cands[] = {
@@ -109,17 +114,23 @@ static const cand_t fp8_cands[] = {
 
 /* The grids by cand_t.grid, as --grid and the tuning table spell them. */
 static const char *const grid_names[] = {"tile", "persist", "pingpong", "splitk", "gemv", "gemv3", "stream",
-                                         "chain", "gemv4"};
+                                         "chain", "gemv4", "persist+mc", "pingpong+mc"};
 #define NGRIDS ((int)(sizeof grid_names / sizeof *grid_names))
+/* The grids timed without --grid: all but the CTA pairs'. */
+#define DEFAULT_GRIDS (((1u << NGRIDS) - 1) & ~(1u << 9 | 1u << 10))
+static int grid_pairs(int g) { return g == 9 || g == 10; }
 
 /* A candidate's tile as a tuning entry gives it; consumer warpgroups: bm /
  * 64 share a tile, or the pingpong's 2 on alternate tiles; gemv's field is 1 (gemv3's 3, stream's 4, chain's 5, gemv4's 6). */
 static moe_tile_cfg_t cand_tile(const cand_t *c) {
     return (moe_tile_cfg_t){.bm = c->bm, .bn = c->bn, .bk = c->bk ? c->bk : 64, .stages = c->stages,
-                            .consumers = c->consumers ? c->consumers : c->grid >= 4 ? 1 : c->grid == 2 ? 2 : c->bm / 64,
-                            .group_m = c->group_m,
-                            .persistent = c->grid == 1 || c->grid == 2, .pingpong = c->grid == 2,
-                            .splitk = c->grid == 3 ? c->splitk : 0, .gemv = moe_gemm_gemv_grid(grid_names[c->grid])};
+                            .consumers = c->consumers                           ? c->consumers
+                                         : c->grid == 2 || c->grid == 10        ? 2
+                                         : c->grid >= 4 && !grid_pairs(c->grid) ? 1
+                                                                                : c->bm / 64,
+                            .group_m = c->group_m, .persistent = c->grid == 1 || c->grid == 2 || grid_pairs(c->grid),
+                            .pingpong = c->grid == 2 || c->grid == 10, .splitk = c->grid == 3 ? c->splitk : 0,
+                            .gemv = moe_gemm_gemv_grid(grid_names[c->grid]), .cluster = grid_pairs(c->grid)};
 }
 
 /* The checks a tuning entry's tile must pass (gen/tuning.c): the e4m3 ones for an fp8 spec's. */
@@ -145,6 +156,8 @@ int moe_tune_check_candidates(char *why, size_t n) {
 
 /* A candidate's grid as the tuning table and the progress lines spell it, in buf. */
 static const char *grid_name(const cand_t *c, char buf[16]) {
+    if (grid_pairs(c->grid))
+        return snprintf(buf, 16, "%s", grid_names[c->grid]), buf;
     const moe_tile_cfg_t t = cand_tile(c);
     return moe_gemm_sm90_grid_name(&t, buf);
 }
@@ -261,7 +274,7 @@ static int parse_args(int argc, char **argv, tune_args_t *a) {
     int nsets = 0;
     memset(a, 0, sizeof *a);
     a->iters = 20;
-    a->grids = (1u << NGRIDS) - 1;
+    a->grids = DEFAULT_GRIDS;
     for (int i = 1; i < argc; i++) {
         const char *o = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(o, "--help") == 0 || strcmp(o, "-h") == 0)
@@ -282,13 +295,13 @@ static int parse_args(int argc, char **argv, tune_args_t *a) {
                         g++;
                     if (g == NGRIDS)
                         return fprintf(stderr, "moegen: error: --grid: '%.*s' is not tile, persist, pingpong, splitk, "
-                                       "gemv, gemv3, gemv4, stream or chain\n", (int)n, p), 2;
+                                       "gemv, gemv3, gemv4, stream, chain, persist+mc or pingpong+mc\n", (int)n, p), 2;
                     a->grids |= 1u << g;
                     p += n + (p[n] == ',');
                 }
                 if (!a->grids)
                     return fprintf(stderr, "moegen: error: --grid needs one or more of tile, persist, pingpong, "
-                                   "splitk, gemv, gemv3, gemv4, stream, chain\n"), 2;
+                                   "splitk, gemv, gemv3, gemv4, stream, chain, persist+mc, pingpong+mc\n"), 2;
             }
             else if (o[2] == 'i') {
                 char *e;
@@ -616,7 +629,8 @@ int moe_tune_command(int argc, char **argv) {
                                 .dtype = s->dtype, .arch = MOE_ARCH_SM90A, .tokens = 1, .bm = tile.bm, .bn = tile.bn,
                                 .bk = tile.bk, .stages = tile.stages, .consumers = tile.consumers,
                                 .group_m = tile.group_m, .persistent = tile.persistent, .pingpong = tile.pingpong,
-                                .splitk = tile.splitk, .gemv = tile.gemv, .fp8 = moe_spec_fp8(s)};
+                                .splitk = tile.splitk, .gemv = tile.gemv, .cluster = tile.cluster,
+                                .fp8 = moe_spec_fp8(s)};
         moe_tuning_t one = {.file = "(tune candidate)", .e = &e, .n = 1};
         char gname[16];
         fprintf(stderr, "[%d/%d] m%dn%dk%ds%dg%d %s: ", c + 1, ncand, cd->bm, cd->bn, cand_bk(cd), cd->stages,

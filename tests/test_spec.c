@@ -1242,9 +1242,16 @@ static void test_command(void) {
 
     CASE("command: tune --grid with a name that is no grid exits 2 naming it, before the GPU check");
     rc = run_moegen("tune " SMALL " --grid gemv,tiles", &out, &err);
-    CHECKF(rc == 2 && strstr(err, "moegen: error: --grid: 'tiles' is not tile, persist, pingpong, splitk, gemv, gemv3, gemv4, stream or chain") &&
+    CHECKF(rc == 2 && strstr(err, "moegen: error: --grid: 'tiles' is not tile, persist, pingpong, splitk, gemv, gemv3, gemv4, stream, chain, persist+mc or pingpong+mc") &&
                !strstr(err, "needs a GPU"),
            "exit %d: %s", rc, err);
+    free(out), free(err);
+    rc = run_moegen("tune " SMALL " --grid pingpong+mc,tile+mc", &out, &err); /* pairs of the persistent grids alone */
+    CHECKF(rc == 2 && strstr(err, "moegen: error: --grid: 'tile+mc' is not tile,"), "exit %d: %s", rc, err);
+    free(out), free(err);
+    CASE("command: tune --grid persist+mc,pingpong+mc (the CTA pairs' candidates) gets as far as the GPU check");
+    rc = run_moegen("tune " SMALL " --grid persist+mc,pingpong+mc --tokens 64", &out, &err);
+    CHECKF((rc == 1 && strstr(err, "tune needs a GPU")) || rc == 0, "exit %d: %s", rc, err);
     free(out), free(err);
     rc = run_moegen("tune " SMALL " --grid", &out, &err);
     CHECKF(rc == 2 && strstr(err, "--grid needs a value"), "exit %d: %s", rc, err);
