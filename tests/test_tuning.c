@@ -803,7 +803,9 @@ int main(void) {
         moe_fileset_free(&fs);
         moe_tuning_free(&mc);
         CHECK(moe_sm90_pair_ctas(5, 3, 4, 132) == 8 && moe_sm90_pair_ctas(5, 3, 0, 132) == 18 &&
-              moe_sm90_pair_ctas(5, 3, 0, 8) == 8 && moe_sm90_pair_ctas(0, 3, 4, 132) == 2);
+              moe_sm90_pair_ctas(5, 3, 0, 8) == 8 && moe_sm90_pair_ctas(0, 3, 4, 132) == 2 &&
+              moe_sm90_pair_ctas(200, 100, 132, 132) == 132 && /* an answer past half the SMs is capped there */
+              moe_sm90_pair_ctas(200, 100, 60, 132) == 120 && moe_sm90_pair_ctas(200, 100, 9, 0) == 18);
 
         CASE("variants: a training plan's saved region, the cuDNN path's tile table cover the capacity's variant");
         CHECK(plan_of(&pd, "name = 'mx'\nexperts = 8\ntop_k = 2\nhidden = 4096\nffn = 12288\ntokens = 16384\n"

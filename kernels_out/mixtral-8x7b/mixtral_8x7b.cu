@@ -6160,12 +6160,15 @@ static inline unsigned moe_sm90_ctas(unsigned long long tiles, int persistent, i
 /* CTAs of an sm_90a GEMM in CTA pairs (tile.cluster, "+mc": 2-CTA clusters
  * on a persistent grid; templates/gemm_sm90.lua): the pairs walk (pair of
  * M tiles, N tile) items, so twice min(items, clusters), clusters the
- * pairs that can be resident at once (the driver's occupancy answer; at
- * most half the SMs); 0 = not known, half the SMs. */
+ * pairs that can be resident at once (the driver's occupancy answer, 0 =
+ * not known), never more than half the SMs (sms > 0): every pair kernel
+ * takes an SM a CTA, and a pair beyond the resident ones would run its
+ * share of the items in a second wave. */
 static inline unsigned moe_sm90_pair_ctas(unsigned long long mtiles, unsigned long long ntiles, int clusters,
                                           int sms) {
-    unsigned long long items = (mtiles + 1) / 2 * ntiles, cap = clusters > 0 ? (unsigned long long)clusters
-                                                                : sms > 1 ? (unsigned long long)sms / 2 : 0;
+    unsigned long long items = (mtiles + 1) / 2 * ntiles, cap = clusters > 0 ? (unsigned long long)clusters : 0;
+    if (sms > 1 && (cap == 0 || cap > (unsigned long long)sms / 2))
+        cap = (unsigned long long)sms / 2;
     if (cap > 0 && items > cap)
         items = cap;
     return (unsigned)(2 * (items > 0 ? items : 1));
