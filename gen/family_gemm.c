@@ -13,13 +13,22 @@
 
 /* ---- sm_90a: shared memory and what the template can run -------------- */
 
+/* Shared-memory bytes past which a layout cannot fit any GPU: the sizes
+ * below are computed in 64 bits and report 0 ("does not fit") past it, so a
+ * tuning entry's out-of-range fields (each up to 4096) never overflow. */
+#define SMEM_NEVER (1LL << 30)
+
 int moe_gemm_sm90_smem(const moe_tile_cfg_t *t, int out_cols) {
-    int ring = t->stages * (t->bm + t->bn) * t->bk * 2;
+    const long long ring = (long long)t->stages * (t->bm + t->bn) * t->bk * 2;
+    long long smem;
     if (!t->persistent) /* the output tile, all columns in one pass, staged in the ring */
-        return t->bm * (out_cols + 8) * 2 <= ring ? ring + 16 * t->stages : 0;
-    int epi_cols = out_cols < 128 ? out_cols : 128;
-    int staging = (t->bm * (epi_cols + 8) * 2 + 15) / 16 * 16;
-    return ring + (t->pingpong ? 2 : 1) * staging + 16 * t->stages; /* pingpong: one per consumer warpgroup */
+        smem = (long long)t->bm * (out_cols + 8) * 2 <= ring ? ring + 16LL * t->stages : 0;
+    else {
+        const long long epi_cols = out_cols < 128 ? out_cols : 128;
+        const long long staging = (t->bm * (epi_cols + 8) * 2 + 15) / 16 * 16;
+        smem = ring + (t->pingpong ? 2 : 1) * staging + 16LL * t->stages; /* pingpong: one per consumer warpgroup */
+    }
+    return smem > 0 && smem < SMEM_NEVER ? (int)smem : 0;
 }
 
 /* The gemv-family grids' checks (templates/gemm_gemv.lua's config holds
@@ -150,7 +159,9 @@ int moe_gemm_sm80_geometry(moe_kernel_desc_t *k, const moe_family_ctx_t *c, char
  * bf16 kernels' (moe_gemm_sm90_smem); the up GEMM, storing from registers,
  * uses that room for its tile's "channel" scales (1 KB per consumer). */
 static int fp8_smem(const moe_tile_cfg_t *t) {
-    return t->stages * (t->bm + t->bn) * t->bk + (t->persistent ? t->bm * (128 + 8) * 2 : 0) + 16 * t->stages;
+    const long long smem = (long long)t->stages * (t->bm + t->bn) * t->bk +
+                           (t->persistent ? t->bm * (128LL + 8) * 2 : 0) + 16LL * t->stages;
+    return smem > 0 && smem < SMEM_NEVER ? (int)smem : 0;
 }
 
 int moe_gemm_sm90_fp8_tile_check(const moe_tile_cfg_t *t, char *err, size_t errlen) {
@@ -171,7 +182,8 @@ int moe_gemm_sm90_fp8_tile_check(const moe_tile_cfg_t *t, char *err, size_t errl
         why = "fp8 (dtype e4m3): one or two consumer warpgroups of 64 rows each (bm = 64 x consumers)";
     else if (t->pingpong || t->splitk)
         why = "fp8 (dtype e4m3): the grid must be tile (one CTA per tile), persist (one CTA per SM) or gemv";
-    else if (t->stages < 2 || fp8_smem(t) > 227 * 1024 || t->bm * (t->bn + 8) * 2 > t->stages * (t->bm + t->bn) * t->bk)
+    else if (t->stages < 2 || fp8_smem(t) == 0 || fp8_smem(t) > 227 * 1024 ||
+             t->bm * (t->bn + 8) * 2 > t->stages * (t->bm + t->bn) * t->bk)
         why = "fp8 (dtype e4m3): stages must be >= 2, fit 227 KB of shared memory and hold the down GEMM's output "
               "tile";
     else if (t->group_m < 1 || t->group_m > 64)

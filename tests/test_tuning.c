@@ -1195,6 +1195,17 @@ int main(void) {
     expect_error("8 2 4096 12288 e4m3 sm_90a 1 64 256 128 4 1 8 persist+mc 1 2 2026-12-07 H100\n", PAIRS "('persist')");
     expect_error("8 2 4096 12288 bf16 sm_90a 1 64 128 64 2 1 8 splitk4+mc 1 2 2026-12-07 H100\n", PAIRS "('splitk4')");
 #undef PAIRS
+    {   /* a fuzz finding: stages 1696 x (bm + bn 2048) x bk 1408 x 2 wrapped the old int product */
+        const moe_tile_cfg_t huge = {.bm = 64, .bn = 2048, .bk = 1408, .stages = 1696, .consumers = 1, .group_m = 8};
+        moe_tile_cfg_t huge_p = huge;
+        huge_p.persistent = 1;
+        CHECK(moe_gemm_sm90_smem(&huge, 2048) == 0 && moe_gemm_sm90_smem(&huge_p, 2048) == 0);
+    }
+    expect_error("8 2 4096 14336 bf16 sm_90a 1 64 2048 1408 1696 1 8 tile 1 2 2026-12-07 H100\n",
+                 "t.tune:1: error: bk must be 64 (one 128-byte swizzle row)");
+    expect_error("8 2 4096 14336 e4m3 sm_90a 1 64 256 128 4096 1 8 persist 1 2 2026-12-07 H100\n",
+                 "t.tune:1: error: fp8 (dtype e4m3): stages must be >= 2, fit 227 KB of shared memory and hold "
+                 "the down GEMM's output tile");
     expect_error("8 2 4096 12288 bf16 sm_90a 1 64 32 64 2 1 1 gemv3+ef 1 2 2026-12-07 H100\n",
                  "t.tune:1: error: +ef: the TMA grids only (tile, persist, pingpong, splitkS: the gemv, stream and "
                  "chain grids load no TMA boxes) ('gemv3')");

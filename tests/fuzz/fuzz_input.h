@@ -5,8 +5,8 @@
  * bits 1-4 the tuning table the spec is planned under: 0 the embedded one,
  * 1..FUZZ_TABLES tests/tune's tables (FUZZ_TUNE_DIR, the Makefile's path to
  * them; the values above it the embedded one too), so the variant, split-K,
- * gemv, gemv4, stream, chain, row-block and fp8 planning paths (fp8's tile,
- * persistent and gemv grids) are reached too. */
+ * gemv, gemv4, stream, chain, row-block, CTA-pair and fp8 planning paths
+ * (fp8's tile, persistent and gemv grids) are reached too. */
 #ifndef MOEGEN_FUZZ_INPUT_H
 #define MOEGEN_FUZZ_INPUT_H
 
@@ -79,10 +79,10 @@ static inline void fuzz_input_free(fuzz_input_t *in) {
  * table that does not load falls back to the embedded one, said once on
  * stderr. The Makefile's fuzz target reads FUZZ_TABLES from this line to seed
  * a corpus entry per table, so the count has one home: here. */
-#define FUZZ_TABLES 13
+#define FUZZ_TABLES 14
 static inline const moe_tuning_t *fuzz_tuning_of(int i) {
     static const char *const names[] = {"fp8", "gemv", "persist", "pingpong", "splitk", "tile", "variants", "fp8p",
-                                        "gemv8", "stream", "chain", "gemv4", "rowblock"};
+                                        "gemv8", "stream", "chain", "gemv4", "rowblock", "pairs"};
     enum { N = sizeof names / sizeof *names };
     _Static_assert(N == FUZZ_TABLES, "FUZZ_TABLES counts the names");
     static moe_tuning_t tables[N];
