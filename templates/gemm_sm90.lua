@@ -292,8 +292,8 @@
 @   return lines
 @ end
 @
-@ -- CTA pairs: the kernel's cluster shape, on the sm_90 targets only (the others' body traps)
-@ local CLUSTER_DIMS = "\n#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900\n    __cluster_dims__(2, 1, 1)  /* CTA pairs */\n#endif"
+@ -- CTA pairs: the kernel's cluster shape (the prelude's MOE_CTA_PAIR: sm_90 targets only)
+@ local CLUSTER_DIMS = " MOE_CTA_PAIR"
 @ local ARCH_GUARD = "#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)"
 @
 @ -- The device code both kernels share, inside the kernel's namespace.

@@ -84,6 +84,17 @@ static __device__ __forceinline__ unsigned moe_smem_addr(const void *p) {
     return (unsigned)__cvta_generic_to_shared(p);
 }
 
+/* The cluster shape of the GEMMs in CTA pairs (a tuning entry's "+mc",
+ * templates/gemm_sm90.lua): two CTAs, on the sm_90 targets only (the other
+ * targets' bodies of those kernels trap). */
+#ifndef MOE_CTA_PAIR
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+#define MOE_CTA_PAIR __cluster_dims__(2, 1, 1)
+#else
+#define MOE_CTA_PAIR
+#endif
+#endif
+
 @ if p.spec.quant ~= nil and p.spec.quant.weights == "fp8_e4m3" then
 /* fp8 (docs/DESIGN.md, "FP8"; sm_90a only, as fp8 specs are). The 4 e4m3
  * of v as two f16 pairs, exactly (lo: bytes 0, 1; hi: bytes 2, 3; the

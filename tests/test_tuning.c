@@ -773,7 +773,7 @@ int main(void) {
         text = src.data ? src.data : "";
         {   /* four kernels in pairs (two buckets' up and down), each loading its B tile into both CTAs */
             int dims = 0, pair_loads = 0;
-            for (const char *q = text; (q = strstr(q, "    __cluster_dims__(2, 1, 1)  /* CTA pairs")); q++)
+            for (const char *q = text; (q = strstr(q, "__launch_bounds__(384, 1) MOE_CTA_PAIR\n")); q++)
                 dims++;
             for (const char *q = text; (q = strstr(q, "tma_load_pair(so + A_BYTES + a * (BN * 128), mb, kt * BK + "
                                                   "a * 64, brow, full);")); q++)

@@ -84,7 +84,18 @@ static __device__ __forceinline__ unsigned moe_smem_addr(const void *p) {
     return (unsigned)__cvta_generic_to_shared(p);
 }
 
-#line 133 "templates/prelude.lua"
+/* The cluster shape of the GEMMs in CTA pairs (a tuning entry's "+mc",
+ * templates/gemm_sm90.lua): two CTAs, on the sm_90 targets only (the other
+ * targets' bodies of those kernels trap). */
+#ifndef MOE_CTA_PAIR
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+#define MOE_CTA_PAIR __cluster_dims__(2, 1, 1)
+#else
+#define MOE_CTA_PAIR
+#endif
+#endif
+
+#line 144 "templates/prelude.lua"
 
 /* 16-byte async copy global -> shared; bytes < 16 zero-fills the rest
  * (bytes = 0 writes zeros and reads nothing). */
@@ -163,11 +174,11 @@ static __device__ __forceinline__ void moe_ldmatrix_x2(unsigned &r0, unsigned &r
     asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
                  : "=r"(r0), "=r"(r1) : "r"(moe_smem_addr(smem)));
 }
-#line 222 "templates/prelude.lua"
+#line 233 "templates/prelude.lua"
 
 /* D = A(16x16, row) * B(16x8, col) + D, fp32 accumulate. */
 static __device__ __forceinline__ void moe_mma_16816(float *d, const unsigned *a, const unsigned *b) {
-#line 226 "templates/prelude.lua"
+#line 237 "templates/prelude.lua"
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
                  "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
