@@ -2,7 +2,7 @@
 # Run 148 (twenty-sixth session): the CTA pairs (+mc) again, their remote stage releases without the cluster-scope
 # fence (templates/gemm_sm90.lua, release: mbarrier.arrive's default semantics, as CUTLASS's cluster barrier;
 # with .release.cluster each kernel had 56 instructions more and run 146 measured the pairs 1.6-2.3x slower).
-# Written in the twenty-sixth session, NOT run (no device time left). r148 = main f0f07e6 (the pair grid capped at
+# Written in the twenty-sixth session, NOT run (no device time left). r148 = main 59ed566 (the pair grid capped at
 # half the SMs) + patches/mc_release_cta.diff; the resident-pair count it prints is the driver's answer, before the cap
 # (git apply it, make -j2 all build/moe_bench build/tests/test_gpu build/libmoegen_ref.so
 # build/tests/test_vendored_pairs, copy and strip with test_vendored_pairs beside the rest; main keeps the
