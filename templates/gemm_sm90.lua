@@ -1186,7 +1186,8 @@ ${ARCH_GUARD}
         for (int s = 0; s < STAGES; ++s) {
             bar_init(sbase + BAR_OFF + s * 8, ${c.gather and "src_of ? 1 + 128 : 1" or "1"});
 @   if c.mc then
-            bar_init(sbase + BAR_OFF + (STAGES + s) * 8, ${c.releasers} + ${c.releasers} / 32);  /* and the other CTA's warps */
+            /* and one arrival per releasing warp of the other CTA */
+            bar_init(sbase + BAR_OFF + (STAGES + s) * 8, ${c.releasers} + ${c.releasers} / 32);
 @   else
             bar_init(sbase + BAR_OFF + (STAGES + s) * 8, ${c.releasers});
 @   end

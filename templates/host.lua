@@ -425,8 +425,10 @@ ${ind}        return e;
 @     if (kd.splitk or 0) > 0 then tail = tail .. ", splitk, counts + " .. p.splitk_tickets_at end
 @     if kd.gather then tail = tail .. ", (const moe_half_t *)a->x, (const int *)gsrc" end
 @   end
-@   local grid = kd.cluster and string.format("moe_sm90_pair_ctas((unsigned long long)tiles_y, %d, dev->clusters, dev->sms)", kd.ntiles)
-@     or string.format("moe_sm90_ctas((unsigned long long)tiles_y * %d, %s, %d, %s)", kd.ntiles, kd.persistent and "1" or "0", kd.splitk or 0, kd.persistent and "dev->sms" or "0")
+@   local grid = kd.cluster
+@     and string.format("moe_sm90_pair_ctas((unsigned long long)tiles_y, %d, dev->clusters, dev->sms)", kd.ntiles)
+@     or string.format("moe_sm90_ctas((unsigned long long)tiles_y * %d, %s, %d, %s)", kd.ntiles,
+@                      kd.persistent and "1" or "0", kd.splitk or 0, kd.persistent and "dev->sms" or "0")
 ${ind}    ${n}_launch(pdl, ${kd.name}, dim3(${grid}), ${kd.threads}, ${kd.smem}, stream, ma, mb, ${mid}(const moe_half_t *)${bias}, tiles, num_tiles, ${out}${tail});
 @ end
 @ -- one GEMM on the 2D grid of the sm_80 kernels (N tiles x M tiles), raw

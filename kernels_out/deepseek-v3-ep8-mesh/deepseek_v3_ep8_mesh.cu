@@ -1469,75 +1469,75 @@ deepseek_v3_ep8_mesh_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s3c2g8(const __gri
 #pragma unroll
         for (int s = 0; s < STAGES; ++s) {
             bar_init(sbase + BAR_OFF + s * 8, 1);
-#line 1191 "templates/gemm_sm90.lua"
+#line 1192 "templates/gemm_sm90.lua"
             bar_init(sbase + BAR_OFF + (STAGES + s) * 8, CTHREADS);
-#line 1193 "templates/gemm_sm90.lua"
+#line 1194 "templates/gemm_sm90.lua"
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
-#line 1202 "templates/gemm_sm90.lua"
+#line 1203 "templates/gemm_sm90.lua"
     if (wg == 0) {
-#line 1204 "templates/gemm_sm90.lua"
+#line 1205 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 1212 "templates/gemm_sm90.lua"
+#line 1213 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
-#line 1215 "templates/gemm_sm90.lua"
+#line 1216 "templates/gemm_sm90.lua"
     } else {
-#line 1217 "templates/gemm_sm90.lua"
+#line 1218 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 1222 "templates/gemm_sm90.lua"
+#line 1223 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF;
-#line 1227 "templates/gemm_sm90.lua"
+#line 1228 "templates/gemm_sm90.lua"
         int s = 0;
         unsigned phase = 0;
-#line 1230 "templates/gemm_sm90.lua"
+#line 1231 "templates/gemm_sm90.lua"
         (void)b1p;
-#line 1235 "templates/gemm_sm90.lua"
+#line 1236 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
             const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
             if (rows <= 0)
                 continue;
-#line 1242 "templates/gemm_sm90.lua"
+#line 1243 "templates/gemm_sm90.lua"
             const int n0 = nt * BN;
             (void)expert;
             /* consumer warpgroups with rows of the tile; the others only release the stages */
             const int n_active = ((rows < BM ? rows : BM) + WG_ROWS - 1) / WG_ROWS;
-#line 1249 "templates/gemm_sm90.lua"
+#line 1250 "templates/gemm_sm90.lua"
             float acc[WM][NACC];
 #pragma unroll
             for (int m = 0; m < WM; ++m)
 #pragma unroll
                 for (int i = 0; i < NACC; ++i)
                     acc[m][i] = 0.0f;
-#line 1292 "templates/gemm_sm90.lua"
+#line 1293 "templates/gemm_sm90.lua"
             if (cw >= n_active)
                 skip_tile(sbase, s, phase);
-#line 1300 "templates/gemm_sm90.lua"
+#line 1301 "templates/gemm_sm90.lua"
             else
                 consume(acc, sbase, cw, s, phase);
-#line 1309 "templates/gemm_sm90.lua"
+#line 1310 "templates/gemm_sm90.lua"
             /* the output is staged in the ring: order this warpgroup's wgmma
              * reads of it (async proxy) before the stores below */
             fence_proxy_async();
-#line 1318 "templates/gemm_sm90.lua"
+#line 1319 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
                 if (cw < n_active) {
-#line 1454 "templates/gemm_sm90.lua"
+#line 1455 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
                      * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
                      * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 1461 "templates/gemm_sm90.lua"
+#line 1462 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1476 "templates/gemm_sm90.lua"
+#line 1477 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -1546,32 +1546,32 @@ deepseek_v3_ep8_mesh_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s3c2g8(const __gri
                                 const float o0 = swiglu(acc[m][8 * j + 2 * h], acc[m][8 * j + 4 + 2 * h]);
                                 const float o1 = swiglu(acc[m][8 * j + 2 * h + 1], acc[m][8 * j + 5 + 2 * h]);
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
-#line 1491 "templates/gemm_sm90.lua"
+#line 1492 "templates/gemm_sm90.lua"
                             }
                     }
-#line 1323 "templates/gemm_sm90.lua"
+#line 1324 "templates/gemm_sm90.lua"
                 }
                 consumers_sync();
                 store_staged(hbuf + ((long long)row_start * NOUT + n0 / 2 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 / 2 - pass * EPI_COLS, ct);
             }
-#line 1329 "templates/gemm_sm90.lua"
+#line 1330 "templates/gemm_sm90.lua"
         }
-#line 1331 "templates/gemm_sm90.lua"
+#line 1332 "templates/gemm_sm90.lua"
     }
-#line 1335 "templates/gemm_sm90.lua"
+#line 1336 "templates/gemm_sm90.lua"
 #else
-#line 1337 "templates/gemm_sm90.lua"
+#line 1338 "templates/gemm_sm90.lua"
     (void)xs_map;
-#line 1337 "templates/gemm_sm90.lua"
+#line 1338 "templates/gemm_sm90.lua"
     (void)w1p_map;
-#line 1337 "templates/gemm_sm90.lua"
+#line 1338 "templates/gemm_sm90.lua"
     (void)b1p;
-#line 1337 "templates/gemm_sm90.lua"
+#line 1338 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 1337 "templates/gemm_sm90.lua"
+#line 1338 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 1339 "templates/gemm_sm90.lua"
+#line 1340 "templates/gemm_sm90.lua"
     (void)hbuf;
     __trap();
 #endif
@@ -1916,73 +1916,73 @@ deepseek_v3_ep8_mesh_gemm_down_bf16_sm90a_tma_m128n256k64s3c2g8(const __grid_con
 #pragma unroll
         for (int s = 0; s < STAGES; ++s) {
             bar_init(sbase + BAR_OFF + s * 8, 1);
-#line 1191 "templates/gemm_sm90.lua"
+#line 1192 "templates/gemm_sm90.lua"
             bar_init(sbase + BAR_OFF + (STAGES + s) * 8, CTHREADS);
-#line 1193 "templates/gemm_sm90.lua"
+#line 1194 "templates/gemm_sm90.lua"
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
-#line 1202 "templates/gemm_sm90.lua"
+#line 1203 "templates/gemm_sm90.lua"
     if (wg == 0) {
-#line 1204 "templates/gemm_sm90.lua"
+#line 1205 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 1212 "templates/gemm_sm90.lua"
+#line 1213 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
-#line 1215 "templates/gemm_sm90.lua"
+#line 1216 "templates/gemm_sm90.lua"
     } else {
-#line 1217 "templates/gemm_sm90.lua"
+#line 1218 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 1222 "templates/gemm_sm90.lua"
+#line 1223 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF;
-#line 1227 "templates/gemm_sm90.lua"
+#line 1228 "templates/gemm_sm90.lua"
         int s = 0;
         unsigned phase = 0;
-#line 1230 "templates/gemm_sm90.lua"
+#line 1231 "templates/gemm_sm90.lua"
         (void)b2;
-#line 1235 "templates/gemm_sm90.lua"
+#line 1236 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
             const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
             if (rows <= 0)
                 continue;
-#line 1242 "templates/gemm_sm90.lua"
+#line 1243 "templates/gemm_sm90.lua"
             const int n0 = nt * BN;
             (void)expert;
             /* consumer warpgroups with rows of the tile; the others only release the stages */
             const int n_active = ((rows < BM ? rows : BM) + WG_ROWS - 1) / WG_ROWS;
-#line 1249 "templates/gemm_sm90.lua"
+#line 1250 "templates/gemm_sm90.lua"
             float acc[WM][NACC];
 #pragma unroll
             for (int m = 0; m < WM; ++m)
 #pragma unroll
                 for (int i = 0; i < NACC; ++i)
                     acc[m][i] = 0.0f;
-#line 1292 "templates/gemm_sm90.lua"
+#line 1293 "templates/gemm_sm90.lua"
             if (cw >= n_active)
                 skip_tile(sbase, s, phase);
-#line 1300 "templates/gemm_sm90.lua"
+#line 1301 "templates/gemm_sm90.lua"
             else
                 consume(acc, sbase, cw, s, phase);
-#line 1309 "templates/gemm_sm90.lua"
+#line 1310 "templates/gemm_sm90.lua"
             /* the output is staged in the ring: order this warpgroup's wgmma
              * reads of it (async proxy) before the stores below */
             fence_proxy_async();
-#line 1318 "templates/gemm_sm90.lua"
+#line 1319 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
                 if (cw < n_active) {
-#line 1513 "templates/gemm_sm90.lua"
+#line 1514 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
-#line 1518 "templates/gemm_sm90.lua"
+#line 1519 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1538 "templates/gemm_sm90.lua"
+#line 1539 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -1992,29 +1992,29 @@ deepseek_v3_ep8_mesh_gemm_down_bf16_sm90a_tma_m128n256k64s3c2g8(const __grid_con
                                               moe_pack2(acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]));
                             }
                     }
-#line 1323 "templates/gemm_sm90.lua"
+#line 1324 "templates/gemm_sm90.lua"
                 }
                 consumers_sync();
                 store_staged(obuf + ((long long)row_start * NOUT + n0 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 - pass * EPI_COLS, ct);
             }
-#line 1329 "templates/gemm_sm90.lua"
+#line 1330 "templates/gemm_sm90.lua"
         }
-#line 1331 "templates/gemm_sm90.lua"
+#line 1332 "templates/gemm_sm90.lua"
     }
-#line 1335 "templates/gemm_sm90.lua"
+#line 1336 "templates/gemm_sm90.lua"
 #else
-#line 1337 "templates/gemm_sm90.lua"
+#line 1338 "templates/gemm_sm90.lua"
     (void)hbuf_map;
-#line 1337 "templates/gemm_sm90.lua"
+#line 1338 "templates/gemm_sm90.lua"
     (void)w2_map;
-#line 1337 "templates/gemm_sm90.lua"
+#line 1338 "templates/gemm_sm90.lua"
     (void)b2;
-#line 1337 "templates/gemm_sm90.lua"
+#line 1338 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 1337 "templates/gemm_sm90.lua"
+#line 1338 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 1339 "templates/gemm_sm90.lua"
+#line 1340 "templates/gemm_sm90.lua"
     (void)obuf;
     __trap();
 #endif
@@ -3539,36 +3539,36 @@ extern "C" cudaError_t deepseek_v3_ep8_mesh_forward(const deepseek_v3_ep8_mesh_a
 #line 406 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_SCATTER)
         deepseek_v3_ep8_mesh_launch(pdl, deepseek_v3_ep8_mesh_permute_scatter_bf16_h7168k8, dim3(moe_blocks(T, 8)), 256, 0, stream, (const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
-#line 490 "templates/host.lua"
+#line 492 "templates/host.lua"
     /* few tokens: a gemv down GEMM writes y itself (moe_combine_fuse_tokens) */
     const int cfuse = dev->combine_fuse && moe_combine_fuse_tokens(T);
     int combined = 0;
     (void)cfuse;
-#line 457 "templates/host.lua"
+#line 459 "templates/host.lua"
     if (dev->use90) {
-#line 462 "templates/host.lua"
+#line 464 "templates/host.lua"
     moe_tmap_t ma, mb;
 #line 414 "templates/host.lua"
     if ((e = deepseek_v3_ep8_mesh_tmap(dev->encode, &ma, xs, tiles_y * 128, 7168, 128)) != cudaSuccess ||
         (e = deepseek_v3_ep8_mesh_tmap(dev->encode, &mb, a->w1p, 1048576LL, 7168, 256)) != cudaSuccess)
         return e;
-#line 430 "templates/host.lua"
+#line 432 "templates/host.lua"
     deepseek_v3_ep8_mesh_launch(pdl, deepseek_v3_ep8_mesh_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s3c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 16, 0, 0, 0)), 384, 147504, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
 #line 414 "templates/host.lua"
     if ((e = deepseek_v3_ep8_mesh_tmap(dev->encode, &ma, hbuf, tiles_y * 128, 2048, 128)) != cudaSuccess ||
         (e = deepseek_v3_ep8_mesh_tmap(dev->encode, &mb, a->w2, 1835008LL, 2048, 256)) != cudaSuccess)
         return e;
-#line 430 "templates/host.lua"
+#line 432 "templates/host.lua"
     deepseek_v3_ep8_mesh_launch(pdl, deepseek_v3_ep8_mesh_gemm_down_bf16_sm90a_tma_m128n256k64s3c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 28, 0, 0, 0)), 384, 147504, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 480 "templates/host.lua"
+#line 482 "templates/host.lua"
     } else {
-#line 450 "templates/host.lua"
+#line 452 "templates/host.lua"
     deepseek_v3_ep8_mesh_launch(pdl, deepseek_v3_ep8_mesh_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8, dim3(32, (unsigned)tiles_y), 256, 81920, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 450 "templates/host.lua"
+#line 452 "templates/host.lua"
     deepseek_v3_ep8_mesh_launch(pdl, deepseek_v3_ep8_mesh_gemm_down_bf16_m128n128k32s4w2x4g8, dim3(56, (unsigned)tiles_y), 256, 81920, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 487 "templates/host.lua"
+#line 489 "templates/host.lua"
     }
-#line 513 "templates/host.lua"
+#line 515 "templates/host.lua"
     if (!combined)
         deepseek_v3_ep8_mesh_launch(pdl, deepseek_v3_ep8_mesh_combine_bf16_h7168k8, dim3(moe_blocks(T, 8), moe_combine_split(T, 7168)), 256, 0, stream, xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
@@ -3591,7 +3591,7 @@ extern "C" void deepseek_v3_ep8_mesh_pack_b1(const unsigned short *b1, unsigned 
             b1p[e * 2 * F + moe_pack_row(r, F)] = b1[e * 2 * F + r];
 }
 
-#line 536 "templates/host.lua"
+#line 538 "templates/host.lua"
 /* The device-side pack of one checkpoint tensor (the runtime's
  * moe_plan_pack_async; README.md, "Weight layouts"): slots first ..
  * first + count - 1 of packed tensor `tensor` (pack_geom.h's MOE_PACK_*)
@@ -3616,5 +3616,5 @@ extern "C" cudaError_t deepseek_v3_ep8_mesh_pack(int tensor, void *dst, const vo
         (const unsigned short *)(two ? src1 : src0), a, b, first, count);
     return cudaGetLastError();
 }
-#line 660 "templates/host.lua"
+#line 662 "templates/host.lua"
 #endif /* __CUDACC_RTC__ */

@@ -1549,25 +1549,25 @@ qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_gx(const 
 #pragma unroll
         for (int s = 0; s < STAGES; ++s) {
             bar_init(sbase + BAR_OFF + s * 8, src_of ? 1 + 128 : 1);
-#line 1191 "templates/gemm_sm90.lua"
+#line 1192 "templates/gemm_sm90.lua"
             bar_init(sbase + BAR_OFF + (STAGES + s) * 8, 128);
-#line 1193 "templates/gemm_sm90.lua"
+#line 1194 "templates/gemm_sm90.lua"
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
-#line 1202 "templates/gemm_sm90.lua"
+#line 1203 "templates/gemm_sm90.lua"
     if (wg == 0) {
-#line 1204 "templates/gemm_sm90.lua"
+#line 1205 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 1207 "templates/gemm_sm90.lua"
+#line 1208 "templates/gemm_sm90.lua"
         if (src_of)  /* the rows gathered from x (the call's scatter wrote only the maps) */
             produce_gather(sbase, &w1p_map, tiles, mtiles, gx, src_of, tid);
         else if (tid == 0)
             produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
-#line 1215 "templates/gemm_sm90.lua"
+#line 1216 "templates/gemm_sm90.lua"
     } else {
-#line 1217 "templates/gemm_sm90.lua"
+#line 1218 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
 #line 1081 "templates/gemm_sm90.lua"
         /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
@@ -1612,15 +1612,15 @@ qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_gx(const 
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 1454 "templates/gemm_sm90.lua"
+#line 1455 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
                      * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
                      * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 1461 "templates/gemm_sm90.lua"
+#line 1462 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1476 "templates/gemm_sm90.lua"
+#line 1477 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -1629,7 +1629,7 @@ qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_gx(const 
                                 const float o0 = swiglu(acc[m][8 * j + 2 * h], acc[m][8 * j + 4 + 2 * h]);
                                 const float o1 = swiglu(acc[m][8 * j + 2 * h + 1], acc[m][8 * j + 5 + 2 * h]);
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
-#line 1491 "templates/gemm_sm90.lua"
+#line 1492 "templates/gemm_sm90.lua"
                             }
                     }
 #line 1145 "templates/gemm_sm90.lua"
@@ -1643,25 +1643,25 @@ qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_gx(const 
         /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
         if (jt > 0 && (jt & 1) == cw)
             order_wait(cw);
-#line 1331 "templates/gemm_sm90.lua"
+#line 1332 "templates/gemm_sm90.lua"
     }
-#line 1335 "templates/gemm_sm90.lua"
+#line 1336 "templates/gemm_sm90.lua"
 #else
-#line 1337 "templates/gemm_sm90.lua"
+#line 1338 "templates/gemm_sm90.lua"
     (void)xs_map;
-#line 1337 "templates/gemm_sm90.lua"
+#line 1338 "templates/gemm_sm90.lua"
     (void)w1p_map;
-#line 1337 "templates/gemm_sm90.lua"
+#line 1338 "templates/gemm_sm90.lua"
     (void)b1p;
-#line 1337 "templates/gemm_sm90.lua"
+#line 1338 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 1337 "templates/gemm_sm90.lua"
+#line 1338 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 1337 "templates/gemm_sm90.lua"
+#line 1338 "templates/gemm_sm90.lua"
     (void)hbuf;
-#line 1337 "templates/gemm_sm90.lua"
+#line 1338 "templates/gemm_sm90.lua"
     (void)gx;
-#line 1339 "templates/gemm_sm90.lua"
+#line 1340 "templates/gemm_sm90.lua"
     (void)src_of;
     __trap();
 #endif
@@ -2038,23 +2038,23 @@ qwen3_30b_a3b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16(const __grid_c
 #pragma unroll
         for (int s = 0; s < STAGES; ++s) {
             bar_init(sbase + BAR_OFF + s * 8, 1);
-#line 1191 "templates/gemm_sm90.lua"
+#line 1192 "templates/gemm_sm90.lua"
             bar_init(sbase + BAR_OFF + (STAGES + s) * 8, 128);
-#line 1193 "templates/gemm_sm90.lua"
+#line 1194 "templates/gemm_sm90.lua"
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
-#line 1202 "templates/gemm_sm90.lua"
+#line 1203 "templates/gemm_sm90.lua"
     if (wg == 0) {
-#line 1204 "templates/gemm_sm90.lua"
+#line 1205 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 1212 "templates/gemm_sm90.lua"
+#line 1213 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
-#line 1215 "templates/gemm_sm90.lua"
+#line 1216 "templates/gemm_sm90.lua"
     } else {
-#line 1217 "templates/gemm_sm90.lua"
+#line 1218 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
 #line 1081 "templates/gemm_sm90.lua"
         /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
@@ -2099,13 +2099,13 @@ qwen3_30b_a3b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16(const __grid_c
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 1513 "templates/gemm_sm90.lua"
+#line 1514 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
-#line 1518 "templates/gemm_sm90.lua"
+#line 1519 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1538 "templates/gemm_sm90.lua"
+#line 1539 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -2126,21 +2126,21 @@ qwen3_30b_a3b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16(const __grid_c
         /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
         if (jt > 0 && (jt & 1) == cw)
             order_wait(cw);
-#line 1331 "templates/gemm_sm90.lua"
+#line 1332 "templates/gemm_sm90.lua"
     }
-#line 1335 "templates/gemm_sm90.lua"
+#line 1336 "templates/gemm_sm90.lua"
 #else
-#line 1337 "templates/gemm_sm90.lua"
+#line 1338 "templates/gemm_sm90.lua"
     (void)hbuf_map;
-#line 1337 "templates/gemm_sm90.lua"
+#line 1338 "templates/gemm_sm90.lua"
     (void)w2_map;
-#line 1337 "templates/gemm_sm90.lua"
+#line 1338 "templates/gemm_sm90.lua"
     (void)b2;
-#line 1337 "templates/gemm_sm90.lua"
+#line 1338 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 1337 "templates/gemm_sm90.lua"
+#line 1338 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 1339 "templates/gemm_sm90.lua"
+#line 1340 "templates/gemm_sm90.lua"
     (void)obuf;
     __trap();
 #endif
@@ -4134,25 +4134,25 @@ qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_gx(const _
 #pragma unroll
         for (int s = 0; s < STAGES; ++s) {
             bar_init(sbase + BAR_OFF + s * 8, src_of ? 1 + 128 : 1);
-#line 1191 "templates/gemm_sm90.lua"
+#line 1192 "templates/gemm_sm90.lua"
             bar_init(sbase + BAR_OFF + (STAGES + s) * 8, 128);
-#line 1193 "templates/gemm_sm90.lua"
+#line 1194 "templates/gemm_sm90.lua"
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
-#line 1202 "templates/gemm_sm90.lua"
+#line 1203 "templates/gemm_sm90.lua"
     if (wg == 0) {
-#line 1204 "templates/gemm_sm90.lua"
+#line 1205 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 1207 "templates/gemm_sm90.lua"
+#line 1208 "templates/gemm_sm90.lua"
         if (src_of)  /* the rows gathered from x (the call's scatter wrote only the maps) */
             produce_gather(sbase, &w1p_map, tiles, mtiles, gx, src_of, tid);
         else if (tid == 0)
             produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
-#line 1215 "templates/gemm_sm90.lua"
+#line 1216 "templates/gemm_sm90.lua"
     } else {
-#line 1217 "templates/gemm_sm90.lua"
+#line 1218 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
 #line 1081 "templates/gemm_sm90.lua"
         /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
@@ -4197,15 +4197,15 @@ qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_gx(const _
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 1454 "templates/gemm_sm90.lua"
+#line 1455 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
                      * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
                      * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 1461 "templates/gemm_sm90.lua"
+#line 1462 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1476 "templates/gemm_sm90.lua"
+#line 1477 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -4214,7 +4214,7 @@ qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_gx(const _
                                 const float o0 = swiglu(acc[m][8 * j + 2 * h], acc[m][8 * j + 4 + 2 * h]);
                                 const float o1 = swiglu(acc[m][8 * j + 2 * h + 1], acc[m][8 * j + 5 + 2 * h]);
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
-#line 1491 "templates/gemm_sm90.lua"
+#line 1492 "templates/gemm_sm90.lua"
                             }
                     }
 #line 1145 "templates/gemm_sm90.lua"
@@ -4228,25 +4228,25 @@ qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_gx(const _
         /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
         if (jt > 0 && (jt & 1) == cw)
             order_wait(cw);
-#line 1331 "templates/gemm_sm90.lua"
+#line 1332 "templates/gemm_sm90.lua"
     }
-#line 1335 "templates/gemm_sm90.lua"
+#line 1336 "templates/gemm_sm90.lua"
 #else
-#line 1337 "templates/gemm_sm90.lua"
+#line 1338 "templates/gemm_sm90.lua"
     (void)xs_map;
-#line 1337 "templates/gemm_sm90.lua"
+#line 1338 "templates/gemm_sm90.lua"
     (void)w1p_map;
-#line 1337 "templates/gemm_sm90.lua"
+#line 1338 "templates/gemm_sm90.lua"
     (void)b1p;
-#line 1337 "templates/gemm_sm90.lua"
+#line 1338 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 1337 "templates/gemm_sm90.lua"
+#line 1338 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 1337 "templates/gemm_sm90.lua"
+#line 1338 "templates/gemm_sm90.lua"
     (void)hbuf;
-#line 1337 "templates/gemm_sm90.lua"
+#line 1338 "templates/gemm_sm90.lua"
     (void)gx;
-#line 1339 "templates/gemm_sm90.lua"
+#line 1340 "templates/gemm_sm90.lua"
     (void)src_of;
     __trap();
 #endif
@@ -4623,23 +4623,23 @@ qwen3_30b_a3b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid_co
 #pragma unroll
         for (int s = 0; s < STAGES; ++s) {
             bar_init(sbase + BAR_OFF + s * 8, 1);
-#line 1191 "templates/gemm_sm90.lua"
+#line 1192 "templates/gemm_sm90.lua"
             bar_init(sbase + BAR_OFF + (STAGES + s) * 8, 128);
-#line 1193 "templates/gemm_sm90.lua"
+#line 1194 "templates/gemm_sm90.lua"
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
-#line 1202 "templates/gemm_sm90.lua"
+#line 1203 "templates/gemm_sm90.lua"
     if (wg == 0) {
-#line 1204 "templates/gemm_sm90.lua"
+#line 1205 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 1212 "templates/gemm_sm90.lua"
+#line 1213 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
-#line 1215 "templates/gemm_sm90.lua"
+#line 1216 "templates/gemm_sm90.lua"
     } else {
-#line 1217 "templates/gemm_sm90.lua"
+#line 1218 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
 #line 1081 "templates/gemm_sm90.lua"
         /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
@@ -4684,13 +4684,13 @@ qwen3_30b_a3b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid_co
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 1513 "templates/gemm_sm90.lua"
+#line 1514 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
-#line 1518 "templates/gemm_sm90.lua"
+#line 1519 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1538 "templates/gemm_sm90.lua"
+#line 1539 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -4711,21 +4711,21 @@ qwen3_30b_a3b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid_co
         /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
         if (jt > 0 && (jt & 1) == cw)
             order_wait(cw);
-#line 1331 "templates/gemm_sm90.lua"
+#line 1332 "templates/gemm_sm90.lua"
     }
-#line 1335 "templates/gemm_sm90.lua"
+#line 1336 "templates/gemm_sm90.lua"
 #else
-#line 1337 "templates/gemm_sm90.lua"
+#line 1338 "templates/gemm_sm90.lua"
     (void)hbuf_map;
-#line 1337 "templates/gemm_sm90.lua"
+#line 1338 "templates/gemm_sm90.lua"
     (void)w2_map;
-#line 1337 "templates/gemm_sm90.lua"
+#line 1338 "templates/gemm_sm90.lua"
     (void)b2;
-#line 1337 "templates/gemm_sm90.lua"
+#line 1338 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 1337 "templates/gemm_sm90.lua"
+#line 1338 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 1339 "templates/gemm_sm90.lua"
+#line 1340 "templates/gemm_sm90.lua"
     (void)obuf;
     __trap();
 #endif
@@ -5470,102 +5470,102 @@ extern "C" cudaError_t qwen3_30b_a3b_forward(const qwen3_30b_a3b_args_t *a, cuda
 #line 403 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_SCATTER)
         qwen3_30b_a3b_launch(pdl, qwen3_30b_a3b_permute_scatter_bf16_h2048k8_gx, dim3(moe_blocks(T, 8)), 256, 0, stream, (const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of, gsrc);
-#line 490 "templates/host.lua"
+#line 492 "templates/host.lua"
     /* few tokens: a gemv down GEMM writes y itself (moe_combine_fuse_tokens) */
     const int cfuse = dev->combine_fuse && moe_combine_fuse_tokens(T);
     int combined = 0;
     (void)cfuse;
-#line 508 "templates/host.lua"
+#line 510 "templates/host.lua"
     if (v == 0) { /* calls of 1 .. 7 tokens */
-#line 457 "templates/host.lua"
+#line 459 "templates/host.lua"
         if (dev->use90) {
-#line 450 "templates/host.lua"
+#line 452 "templates/host.lua"
         qwen3_30b_a3b_launch(pdl, qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_gemv3_m64n32u2, dim3(48, (unsigned)tiles_y), 256, 8192, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 441 "templates/host.lua"
+#line 443 "templates/host.lua"
         combined = cfuse;
-#line 450 "templates/host.lua"
+#line 452 "templates/host.lua"
         qwen3_30b_a3b_launch(pdl, qwen3_30b_a3b_gemm_down_bf16_sm90a_gemv3_m64n32u2, dim3(64, (unsigned)tiles_y), 256, 3072, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs, row_of, topk_w, T, cfuse ? (moe_half_t *)a->y : (moe_half_t *)0, counts + 194);
-#line 480 "templates/host.lua"
+#line 482 "templates/host.lua"
         } else {
-#line 450 "templates/host.lua"
+#line 452 "templates/host.lua"
         qwen3_30b_a3b_launch(pdl, qwen3_30b_a3b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(12, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 450 "templates/host.lua"
+#line 452 "templates/host.lua"
         qwen3_30b_a3b_launch(pdl, qwen3_30b_a3b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(16, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 487 "templates/host.lua"
+#line 489 "templates/host.lua"
         }
-#line 508 "templates/host.lua"
+#line 510 "templates/host.lua"
     } else if (v == 1) { /* calls of 8 .. 47 tokens */
-#line 457 "templates/host.lua"
+#line 459 "templates/host.lua"
         if (dev->use90) {
-#line 450 "templates/host.lua"
+#line 452 "templates/host.lua"
         qwen3_30b_a3b_launch(pdl, qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u2, dim3(48, (unsigned)tiles_y), 256, 32768, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 441 "templates/host.lua"
+#line 443 "templates/host.lua"
         combined = cfuse;
-#line 450 "templates/host.lua"
+#line 452 "templates/host.lua"
         qwen3_30b_a3b_launch(pdl, qwen3_30b_a3b_gemm_down_bf16_sm90a_gemv_m64n32u2, dim3(64, (unsigned)tiles_y), 256, 12288, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs, row_of, topk_w, T, cfuse ? (moe_half_t *)a->y : (moe_half_t *)0, counts + 194);
-#line 480 "templates/host.lua"
+#line 482 "templates/host.lua"
         } else {
-#line 450 "templates/host.lua"
+#line 452 "templates/host.lua"
         qwen3_30b_a3b_launch(pdl, qwen3_30b_a3b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(12, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 450 "templates/host.lua"
+#line 452 "templates/host.lua"
         qwen3_30b_a3b_launch(pdl, qwen3_30b_a3b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(16, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 487 "templates/host.lua"
+#line 489 "templates/host.lua"
         }
-#line 508 "templates/host.lua"
+#line 510 "templates/host.lua"
     } else if (v == 2) { /* calls of 48 .. 4095 tokens */
-#line 457 "templates/host.lua"
+#line 459 "templates/host.lua"
         if (dev->use90) {
-#line 462 "templates/host.lua"
+#line 464 "templates/host.lua"
         moe_tmap_t ma, mb;
 #line 414 "templates/host.lua"
         if ((e = qwen3_30b_a3b_tmap(dev->encode, &ma, xs, tiles_y * 64, 2048, 64)) != cudaSuccess ||
             (e = qwen3_30b_a3b_tmap(dev->encode, &mb, a->w1p, 196608LL, 2048, 256)) != cudaSuccess)
             return e;
-#line 430 "templates/host.lua"
+#line 432 "templates/host.lua"
         qwen3_30b_a3b_launch(pdl, qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_gx, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 6, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf, (const moe_half_t *)a->x, (const int *)gsrc);
 #line 414 "templates/host.lua"
         if ((e = qwen3_30b_a3b_tmap(dev->encode, &ma, hbuf, tiles_y * 64, 768, 64)) != cudaSuccess ||
             (e = qwen3_30b_a3b_tmap(dev->encode, &mb, a->w2, 262144LL, 768, 256)) != cudaSuccess)
             return e;
-#line 430 "templates/host.lua"
+#line 432 "templates/host.lua"
         qwen3_30b_a3b_launch(pdl, qwen3_30b_a3b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 8, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 480 "templates/host.lua"
+#line 482 "templates/host.lua"
         } else {
-#line 450 "templates/host.lua"
+#line 452 "templates/host.lua"
         qwen3_30b_a3b_launch(pdl, qwen3_30b_a3b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(12, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 450 "templates/host.lua"
+#line 452 "templates/host.lua"
         qwen3_30b_a3b_launch(pdl, qwen3_30b_a3b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(16, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 487 "templates/host.lua"
+#line 489 "templates/host.lua"
         }
-#line 508 "templates/host.lua"
+#line 510 "templates/host.lua"
     } else if (v == 3) { /* calls of 4096 or more tokens */
-#line 457 "templates/host.lua"
+#line 459 "templates/host.lua"
         if (dev->use90) {
-#line 462 "templates/host.lua"
+#line 464 "templates/host.lua"
         moe_tmap_t ma, mb;
 #line 414 "templates/host.lua"
         if ((e = qwen3_30b_a3b_tmap(dev->encode, &ma, xs, tiles_y * 64, 2048, 64)) != cudaSuccess ||
             (e = qwen3_30b_a3b_tmap(dev->encode, &mb, a->w1p, 196608LL, 2048, 256)) != cudaSuccess)
             return e;
-#line 430 "templates/host.lua"
+#line 432 "templates/host.lua"
         qwen3_30b_a3b_launch(pdl, qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_gx, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 6, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf, (const moe_half_t *)a->x, (const int *)gsrc);
 #line 414 "templates/host.lua"
         if ((e = qwen3_30b_a3b_tmap(dev->encode, &ma, hbuf, tiles_y * 64, 768, 64)) != cudaSuccess ||
             (e = qwen3_30b_a3b_tmap(dev->encode, &mb, a->w2, 262144LL, 768, 256)) != cudaSuccess)
             return e;
-#line 430 "templates/host.lua"
+#line 432 "templates/host.lua"
         qwen3_30b_a3b_launch(pdl, qwen3_30b_a3b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 8, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 480 "templates/host.lua"
+#line 482 "templates/host.lua"
         } else {
-#line 450 "templates/host.lua"
+#line 452 "templates/host.lua"
         qwen3_30b_a3b_launch(pdl, qwen3_30b_a3b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(12, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 450 "templates/host.lua"
+#line 452 "templates/host.lua"
         qwen3_30b_a3b_launch(pdl, qwen3_30b_a3b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(16, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 487 "templates/host.lua"
+#line 489 "templates/host.lua"
         }
-#line 511 "templates/host.lua"
-    }
 #line 513 "templates/host.lua"
+    }
+#line 515 "templates/host.lua"
     if (!combined)
         qwen3_30b_a3b_launch(pdl, qwen3_30b_a3b_combine_bf16_h2048k8, dim3(moe_blocks(T, 8), moe_combine_split(T, 2048)), 256, 0, stream, xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
@@ -5588,7 +5588,7 @@ extern "C" void qwen3_30b_a3b_pack_b1(const unsigned short *b1, unsigned short *
             b1p[e * 2 * F + moe_pack_row(r, F)] = b1[e * 2 * F + r];
 }
 
-#line 536 "templates/host.lua"
+#line 538 "templates/host.lua"
 /* The device-side pack of one checkpoint tensor (the runtime's
  * moe_plan_pack_async; README.md, "Weight layouts"): slots first ..
  * first + count - 1 of packed tensor `tensor` (pack_geom.h's MOE_PACK_*)
@@ -5613,5 +5613,5 @@ extern "C" cudaError_t qwen3_30b_a3b_pack(int tensor, void *dst, const void *src
         (const unsigned short *)(two ? src1 : src0), a, b, first, count);
     return cudaGetLastError();
 }
-#line 660 "templates/host.lua"
+#line 662 "templates/host.lua"
 #endif /* __CUDACC_RTC__ */

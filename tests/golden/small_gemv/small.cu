@@ -2855,28 +2855,28 @@ extern "C" cudaError_t small_forward(const small_args_t *a, cudaStream_t stream)
 #line 403 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_SCATTER)
         small_launch(pdl, small_permute_scatter_bf16_h1536k3_gx, dim3(moe_blocks(T, 8)), 256, 0, stream, (const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of, gsrc);
-#line 490 "templates/host.lua"
+#line 492 "templates/host.lua"
     /* few tokens: a gemv down GEMM writes y itself (moe_combine_fuse_tokens) */
     const int cfuse = dev->combine_fuse && moe_combine_fuse_tokens(T);
     int combined = 0;
     (void)cfuse;
-#line 457 "templates/host.lua"
+#line 459 "templates/host.lua"
     if (dev->use90) {
-#line 450 "templates/host.lua"
+#line 452 "templates/host.lua"
     small_launch(pdl, small_gemm_up_swiglu_bf16_sm90a_gemv_m64n128u2, dim3(10, (unsigned)tiles_y), 256, 24576, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 441 "templates/host.lua"
+#line 443 "templates/host.lua"
     combined = cfuse;
-#line 450 "templates/host.lua"
+#line 452 "templates/host.lua"
     small_launch(pdl, small_gemm_down_bf16_sm90a_gemv_m64n128u2, dim3(12, (unsigned)tiles_y), 256, 10240, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs, row_of, topk_w, T, cfuse ? (moe_half_t *)a->y : (moe_half_t *)0, counts + 78);
-#line 480 "templates/host.lua"
+#line 482 "templates/host.lua"
     } else {
-#line 450 "templates/host.lua"
+#line 452 "templates/host.lua"
     small_launch(pdl, small_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(10, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 450 "templates/host.lua"
+#line 452 "templates/host.lua"
     small_launch(pdl, small_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(12, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 487 "templates/host.lua"
+#line 489 "templates/host.lua"
     }
-#line 513 "templates/host.lua"
+#line 515 "templates/host.lua"
     if (!combined)
         small_launch(pdl, small_combine_bf16_h1536k3, dim3(moe_blocks(T, 8), moe_combine_split(T, 1536)), 256, 0, stream, xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
@@ -2899,7 +2899,7 @@ extern "C" void small_pack_b1(const unsigned short *b1, unsigned short *b1p) {
             b1p[e * 2 * F + moe_pack_row(r, F)] = b1[e * 2 * F + r];
 }
 
-#line 536 "templates/host.lua"
+#line 538 "templates/host.lua"
 /* The device-side pack of one checkpoint tensor (the runtime's
  * moe_plan_pack_async; README.md, "Weight layouts"): slots first ..
  * first + count - 1 of packed tensor `tensor` (pack_geom.h's MOE_PACK_*)
@@ -2924,5 +2924,5 @@ extern "C" cudaError_t small_pack(int tensor, void *dst, const void *src0, const
         (const unsigned short *)(two ? src1 : src0), a, b, first, count);
     return cudaGetLastError();
 }
-#line 660 "templates/host.lua"
+#line 662 "templates/host.lua"
 #endif /* __CUDACC_RTC__ */
