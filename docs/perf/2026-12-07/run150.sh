@@ -19,7 +19,7 @@ done
 for rep in 1 2; do
     for s in qwen3-30b-a3b mixtral-8x7b deepseek-v3-ep8; do
         toks="--tokens 4096"; [ $s = qwen3-30b-a3b ] && toks="--tokens 4096 --tokens 16384"
-        for b in r148 r150; do
+        for b in ${BASE:-r148} r150; do
             [ $((SECONDS + 40)) -le $((BUDGET * 55 / 100)) ] || break 3
             echo "== $s $b rep=$rep" >> "$OUT/w/backward.log"
             LD_LIBRARY_PATH=$PWD/build/$b timeout 45 build/$b/moe_bench /tmp/train_$s.moe --backward $toks --iters 10 \
