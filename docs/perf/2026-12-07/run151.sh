@@ -17,7 +17,7 @@ mkdir -p "$ROOT/fp8mc/w"; O=$ROOT/fp8mc/w; T0=$SECONDS
 export LD_LIBRARY_PATH=$PWD/build/r151 MOEGEN_CACHE_DIR=/tmp/moegen_cache NCCL_NVLS_ENABLE=0
 cp build/r151/moegen build/r151/libmoegen.so build/r151/libmoegen_ref.so build/r151/liblua5.4.so.0 \
     build/r151/libjansson.so.4 build/
-MOEGEN_TUNING=$PWD/tests/tune/fp8pairs.tune timeout 100 stdbuf -oL -eL build/r151/test_quant_gpu \
+MOEGEN_TUNING=$PWD/docs/perf/2026-12-07/fp8pairs.tune timeout 100 stdbuf -oL -eL build/r151/test_quant_gpu \
     > "$O/test_quant_gpu_fp8pairs.log" 2>&1
 echo "test_quant_gpu (fp8pairs.tune): exit $? ($((SECONDS - T0)) s)" >> "$O/rc.txt"
 for s in mixtral-8x7b-fp8 deepseek-v3-ep8-fp8 qwen3-30b-a3b-fp8; do
