@@ -12,7 +12,7 @@
 #   wgrad/   run150.sh's backward A/B with r151 as the base (main's backward) and r150, test_bgemm_gpu on r150.
 set -u
 ROOT=$OUT
-OUT=$ROOT/pairs B=build/r151 bash docs/perf/2026-12-07/run148.sh 200
+OUT=$ROOT/pairs B=build/r151 bash docs/perf/2026-12-07/run148.sh 190
 mkdir -p "$ROOT/fp8mc/w"; O=$ROOT/fp8mc/w; T0=$SECONDS
 export LD_LIBRARY_PATH=$PWD/build/r151 MOEGEN_CACHE_DIR=/tmp/moegen_cache NCCL_NVLS_ENABLE=0
 cp build/r151/moegen build/r151/libmoegen.so build/r151/libmoegen_ref.so build/r151/liblua5.4.so.0 \
@@ -32,5 +32,5 @@ for s in mixtral-8x7b-fp8 deepseek-v3-ep8-fp8 qwen3-30b-a3b-fp8; do
 done
 cat "$O/rc.txt"; tail -1 "$O/test_quant_gpu_fp8pairs.log"; grep -m5 FAIL "$O/test_quant_gpu_fp8pairs.log"
 grep -E "^== |CTA pairs|^[0-9]+ +(gemm_up_swiglu|gemm_down|LAYER)" "$O/bench.log" | head -80
-OUT=$ROOT/wgrad BASE=r151 bash docs/perf/2026-12-07/run150.sh 230
+OUT=$ROOT/wgrad BASE=r151 bash docs/perf/2026-12-07/run150.sh 200
 cd "$ROOT" && tar czf run151.tgz --remove-files pairs fp8mc wgrad
