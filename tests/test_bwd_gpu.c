@@ -78,42 +78,43 @@ typedef struct {
     int graph;       /* forward + backward captured in one CUDA graph, replayed on new inputs */
     int accumulate;  /* also check accumulate = 1 */
     const char *tuning; /* moe_options.tuning_path; NULL: the default table */
+    int variants;       /* the GEMM variants that table plans for the spec (its entries of the spec's shape) */
 } bwd_case_t;
 
 static const bwd_case_t cases[] = {
-    {"tests/specs/train_softmax.moe", {1, 37, 700}, 3, 0, 0, 1, NULL},
+    {"tests/specs/train_softmax.moe", {1, 37, 700}, 3, 0, 0, 1, NULL, 0},
     /* several GEMM variants (tests/tune/variants.tune: bm 64 below 64 tokens, 128 persist from 64, 128 tile
      * from 512): the training forward runs the variant of its size where its row block is the backward's
      * (100 tokens), else the capacity's (1, 63), and the backward reads its tile table */
-    {"tests/specs/train_softmax.moe", {1, 63, 100, 511, 1024}, 5, 0, 0, 1, "tests/tune/variants.tune"},
-    {"tests/specs/train_softmax.moe", {2, 100}, 2, 1, 1, 0, "tests/tune/variants.tune"},
+    {"tests/specs/train_softmax.moe", {1, 63, 100, 511, 1024}, 5, 0, 0, 1, "tests/tune/variants.tune", 3},
+    {"tests/specs/train_softmax.moe", {2, 100}, 2, 1, 1, 0, "tests/tune/variants.tune", 3},
     /* row blocks of 192 (below 512 tokens) and 256 (from 512, the capacity's: the dgrads' row block) on 3 and 4
      * consumer warpgroups (tests/tune/rowblock.tune) */
-    {"tests/specs/train_softmax.moe", {1, 37, 700}, 3, 0, 0, 1, "tests/tune/rowblock.tune"},
-    {"tests/specs/train_softmax.moe", {700}, 1, 1, 0, 0, NULL},
-    {"tests/specs/train_softmax.moe", {256}, 1, 0, 1, 0, NULL},
-    {"tests/specs/train_gptoss.moe", {333}, 1, 0, 0, 1, NULL},
-    {"tests/specs/train_gptoss.moe", {3, 333}, 2, 1, 1, 0, NULL},
-    {"tests/specs/train_sigmoid_groups.moe", {5, 513}, 2, 0, 0, 1, NULL},
-    {"tests/specs/train_sigmoid_groups.moe", {513}, 1, 1, 0, 0, NULL},
-    {"tests/specs/sqrtsoftplus.moe", {3, 600}, 2, 0, 0, 1, NULL},   /* DeepSeek-V4's sqrt(softplus) router */
-    {"tests/specs/softcap.moe", {3, 600}, 2, 0, 0, 1, NULL},        /* Laguna's logit cap, through the backward */
-    {"tests/specs/train_input.moe", {2, 400}, 2, 0, 0, 1, NULL},
-    {"tests/specs/train_input.moe", {400}, 1, 1, 1, 0, NULL},
-    {"tests/specs/train_shared.moe", {3, 300}, 2, 0, 0, 1, NULL},
-    {"tests/specs/train_shared.moe", {300}, 1, 1, 1, 0, NULL},
-    {"tests/specs/train_given.moe", {3, 500}, 2, 0, 0, 1, NULL},   /* the caller's ids: repeats, drops */
-    {"tests/specs/train_given.moe", {500}, 1, 1, 1, 0, NULL},
+    {"tests/specs/train_softmax.moe", {1, 37, 700}, 3, 0, 0, 1, "tests/tune/rowblock.tune", 2},
+    {"tests/specs/train_softmax.moe", {700}, 1, 1, 0, 0, NULL, 0},
+    {"tests/specs/train_softmax.moe", {256}, 1, 0, 1, 0, NULL, 0},
+    {"tests/specs/train_gptoss.moe", {333}, 1, 0, 0, 1, NULL, 0},
+    {"tests/specs/train_gptoss.moe", {3, 333}, 2, 1, 1, 0, NULL, 0},
+    {"tests/specs/train_sigmoid_groups.moe", {5, 513}, 2, 0, 0, 1, NULL, 0},
+    {"tests/specs/train_sigmoid_groups.moe", {513}, 1, 1, 0, 0, NULL, 0},
+    {"tests/specs/sqrtsoftplus.moe", {3, 600}, 2, 0, 0, 1, NULL, 0},   /* DeepSeek-V4's sqrt(softplus) router */
+    {"tests/specs/softcap.moe", {3, 600}, 2, 0, 0, 1, NULL, 0},        /* Laguna's logit cap, through the backward */
+    {"tests/specs/train_input.moe", {2, 400}, 2, 0, 0, 1, NULL, 0},
+    {"tests/specs/train_input.moe", {400}, 1, 1, 1, 0, NULL, 0},
+    {"tests/specs/train_shared.moe", {3, 300}, 2, 0, 0, 1, NULL, 0},
+    {"tests/specs/train_shared.moe", {300}, 1, 1, 1, 0, NULL, 0},
+    {"tests/specs/train_given.moe", {3, 500}, 2, 0, 0, 1, NULL, 0},   /* the caller's ids: repeats, drops */
+    {"tests/specs/train_given.moe", {500}, 1, 1, 1, 0, NULL, 0},
     /* Gemma 4's router: d router_x apart from dx, d expert_scale (the router kernel's dw·w', escale's sums) */
-    {"tests/specs/train_own_input.moe", {3, 500}, 2, 0, 0, 1, NULL},
-    {"tests/specs/train_own_input.moe", {500}, 1, 1, 1, 0, NULL},
+    {"tests/specs/train_own_input.moe", {3, 500}, 2, 0, 0, 1, NULL, 0},
+    {"tests/specs/train_own_input.moe", {500}, 1, 1, 1, 0, NULL, 0},
     /* the gate's clamp after its unit: dgrad_down's activation gradient cut where silu(gate) > L (the shared
      * expert's slots at their own L) */
-    {"tests/specs/train_clamp_after.moe", {3, 600}, 2, 0, 0, 1, NULL},
-    {"tests/specs/train_clamp_after.moe", {600}, 1, 1, 1, 0, NULL},
+    {"tests/specs/train_clamp_after.moe", {3, 600}, 2, 0, 0, 1, NULL, 0},
+    {"tests/specs/train_clamp_after.moe", {600}, 1, 1, 1, 0, NULL, 0},
     /* relu2: dgrad_down's gradient 2 relu(gate) on the gate columns, 0 on the unused up columns */
-    {"tests/specs/train_relu2.moe", {3, 600}, 2, 0, 0, 1, NULL},
-    {"tests/specs/train_relu2.moe", {600}, 1, 1, 1, 0, NULL},
+    {"tests/specs/train_relu2.moe", {3, 600}, 2, 0, 0, 1, NULL, 0},
+    {"tests/specs/train_relu2.moe", {600}, 1, 1, 1, 0, NULL, 0},
 };
 
 /* ---- helpers ---------------------------------------------------------------- */
@@ -842,8 +843,8 @@ static void run_case(const bwd_case_t *c, uint64_t seed, const char *cache) {
     moe_options o = {.cache_dir = cache, .tuning_path = c->tuning};
     moe_status st = moe_plan_create(&L.plan, c->spec, &o);
     if (st == MOE_OK && c->tuning)
-        CHECKF(moe_plan_variant_count(L.plan) == 3, "%d GEMM variants from %s; 3 planned",
-               moe_plan_variant_count(L.plan), c->tuning);
+        CHECKF(moe_plan_variant_count(L.plan) == c->variants, "%d GEMM variants from %s; %d planned",
+               moe_plan_variant_count(L.plan), c->tuning, c->variants);
     CHECKF(st == MOE_OK, "moe_plan_create: %s: %s", moe_status_string(st), moe_last_error());
     uint64_t rng = seed;
     if (st == MOE_OK && !layer_init(&L, &rng))
@@ -1189,7 +1190,8 @@ static void run_examples(uint64_t seed, const char *tmp, const char *cache) {
                 SKIP("%s: %s", names[i], why);
             continue;
         }
-        const bwd_case_t save = {path, {1, 77, 300}, 3, 0, 0, 1, NULL}, recompute = {path, {77}, 1, 1, 0, 0, NULL};
+        const bwd_case_t save = {path, {1, 77, 300}, 3, 0, 0, 1, NULL, 0},
+                         recompute = {path, {77}, 1, 1, 0, 0, NULL, 0};
         run_case(&save, seed + (uint64_t)i * 7919, cache);
         run_case(&recompute, seed + (uint64_t)i * 7919 + 1, cache);
     }
