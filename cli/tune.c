@@ -110,6 +110,8 @@ static const cand_t fp8_cands[] = {
     /* the gemv grid's fp8 code (bn >= 32: the up GEMM's clusters of 256 / bn CTAs), at small counts */
     {64, 32, 2, 1, 4, 0, 0, 0},      {64, 64, 2, 1, 4, 0, 0, 0},      {64, 128, 2, 1, 4, 0, 0, 0},
     {64, 32, 4, 1, 4, 0, 0, 0},      {64, 256, 1, 1, 4, 0, 0, 0},
+    /* CTA pairs (persist+mc), timed only when --grid names persist+mc */
+    {128, 256, 4, 8, 9, 0, 128, 0},  {128, 256, 3, 8, 9, 0, 128, 0},  {64, 256, 4, 8, 9, 0, 128, 0},
 };
 
 /* The grids by cand_t.grid, as --grid and the tuning table spell them. */

@@ -197,7 +197,7 @@ static int sm90_fp8_geometry(moe_kernel_desc_t *k, const moe_tuning_entry_t *te)
     if (te) /* an entry of dtype e4m3 (gen/tuning.c checks it with moe_gemm_sm90_fp8_tile_check) */
         k->tile = (moe_tile_cfg_t){.bm = te->bm, .bn = te->bn, .bk = te->bk, .stages = te->stages,
                                    .group_m = te->group_m, .consumers = te->consumers, .persistent = te->persistent,
-                                   .evict = te->evict && k->family == MOE_K_GEMM_UP};
+                                   .evict = te->evict && k->family == MOE_K_GEMM_UP, .cluster = te->cluster};
     else
         k->tile = (moe_tile_cfg_t){.bm = 64, .bn = 256, .bk = 128, .stages = 4, .group_m = 8, .consumers = 1};
     k->threads = 128 * (k->tile.consumers + 1);

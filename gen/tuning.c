@@ -118,8 +118,8 @@ int moe_tuning_parse(moe_tuning_t *t, const char *file, const char *text, size_t
         if (e.evict && e.gemv)
             return fail(diag, file, line, "+ef: the TMA grids only (tile, persist, pingpong, splitkS: the gemv, "
                         "stream and chain grids load no TMA boxes)", tok[13]);
-        if (e.cluster && (!e.persistent || e.fp8 || e.evict))
-            return fail(diag, file, line, "+mc: the persistent grids of bf16/fp16 entries (persist, pingpong), "
+        if (e.cluster && (!e.persistent || e.evict))
+            return fail(diag, file, line, "+mc: the persistent grids (persist, pingpong; e4m3 entries persist), "
                         "without +ef", tok[13]);
         char why[128];
         const moe_tile_cfg_t cfg = {.bm = e.bm, .bn = e.bn, .bk = e.bk, .stages = e.stages, .consumers = e.consumers,

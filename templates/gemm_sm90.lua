@@ -235,9 +235,9 @@
 @   need(not c.gather or (kind == "up" and not c.fp8), "tile.gather: the bf16/fp16 up GEMM only")
 @   -- "+mc" (gen/tuning.h): CTA pairs, the shared B tile multicast
 @   c.mc = t.cluster == 1
-@   need(not c.mc or (t.persistent == 1 and not c.fp8 and not c.gather and not c.evict and (t.splitk or 0) == 0
+@   need(not c.mc or (t.persistent == 1 and not c.gather and not c.evict and (t.splitk or 0) == 0
 @                     and (kind == "up" or kind == "down")),
-@        "tile.cluster: the forward's bf16/fp16 GEMMs on a persistent grid, not gathering, without evict")
+@        "tile.cluster: the forward's GEMMs on a persistent grid, not gathering, without evict")
 @   need(t.persistent == nil or t.persistent == 0 or t.persistent == 1, "tile.persistent must be 0 or 1")
 @   -- split-K (tile.splitk = S > 0): S CTAs per tile, CTA b the split b % S of
 @   -- tile b / S, over k tiles [split_kt(split), split_kt(split + 1))
@@ -435,14 +435,18 @@ static __device__ __forceinline__ void tma_load_pair(unsigned s, const moe_tmap_
 /* A consumer thread's release of the stage whose empty barrier is at b:
  * its own arrival, and for its warp (lane 0, once the warp's wgmma that
  * read the stage retired) one on the other CTA's barrier at the same
- * offset, whose multicast writes this CTA's stage too. */
+ * offset, whose multicast writes this CTA's stage too. The remote arrival
+ * keeps mbarrier.arrive's default semantics (release at CTA scope), as
+ * the local one: with .release.cluster ptxas adds a fence to every
+ * release (56 instructions more per kernel), and the pairs ran 1.6-2.3x
+ * slower than the kernels without them (run 146, an H100). */
 static __device__ __forceinline__ void release(unsigned b) {
     bar_arrive(b);
     if ((threadIdx.x & 31) == 0)
         asm volatile("{\n"
                      ".reg .b32 ra;\n"
                      "mapa.shared::cluster.u32 ra, %0, %1;\n"
-                     "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n"
+                     "mbarrier.arrive.shared::cluster.b64 _, [ra];\n"
                      "}\n" :: "r"(b), "r"(pair_rank() ^ 1) : "memory");
 }
 /* Every thread of both CTAs (release / acquire at cluster scope). */
@@ -599,7 +603,7 @@ static __device__ __forceinline__ void consume_fp8(float (&acc)[WM][NACC], unsig
             for (int i = 0; i < 64; ++i)  /* registers 2h, 2h + 1 of a block: rows g + 8h; blocks 2j gate, 2j + 1 up */
                 acc[0][hh * 64 + i] += part[i] * ((i & 2 ? a1 : a0) * (i & 4 ? u : g));
         }
-        bar_arrive(sbase + BAR_OFF + (STAGES + s) * 8);
+        ${c.release}(sbase + BAR_OFF + (STAGES + s) * 8);
         if (++s == STAGES) {
             s = 0;
             phase ^= 1;
@@ -768,18 +772,18 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
             if (it.mine) {
 #pragma unroll
                 for (int a = 0; a < KATOMS; ++a)
-                    tma_load(so + a * (BM * 128), ma, kt * BK + a * 64, row_start, full);
+                    tma_load(so + a * (BM * 128), ma, kt * BK + a * ${c.atom_elems}, row_start, full);
             }
             if (it.share) {  /* the CTA of rank kt % 2 loads B into both */
                 if ((kt & 1) == rank) {
 #pragma unroll
                     for (int a = 0; a < KATOMS; ++a)
-                        tma_load_pair(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
+                        tma_load_pair(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * ${c.atom_elems}, brow, full);
                 }
             } else if (it.mine) {
 #pragma unroll
                 for (int a = 0; a < KATOMS; ++a)
-                    tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
+                    tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * ${c.atom_elems}, brow, full);
             }
             if (++s == STAGES) {
                 s = 0;

@@ -1187,12 +1187,11 @@ int main(void) {
     expect_error("8 2 4096 12288 bf16 sm_90a 1 64 256 64 4 2 8 pingpong+mc+mc 1 2 2026-12-07 H100\n",
                  SUFFIXES "('pingpong+mc+mc')");
 #undef SUFFIXES
-#define PAIRS "t.tune:1: error: +mc: the persistent grids of bf16/fp16 entries (persist, pingpong), without +ef "
+#define PAIRS "t.tune:1: error: +mc: the persistent grids (persist, pingpong; e4m3 entries persist), without +ef "
     expect_error("8 2 4096 12288 bf16 sm_90a 1 64 128 64 2 1 8 tile+mc 1 2 2026-12-07 H100\n", PAIRS "('tile')");
     expect_error("8 2 4096 12288 bf16 sm_90a 1 64 32 64 2 1 1 gemv+mc 1 2 2026-12-07 H100\n", PAIRS "('gemv')");
     expect_error("8 2 4096 12288 bf16 sm_90a 1 128 256 64 4 2 8 persist+ef+mc 1 2 2026-12-07 H100\n",
                  PAIRS "('persist')");
-    expect_error("8 2 4096 12288 e4m3 sm_90a 1 64 256 128 4 1 8 persist+mc 1 2 2026-12-07 H100\n", PAIRS "('persist')");
     expect_error("8 2 4096 12288 bf16 sm_90a 1 64 128 64 2 1 8 splitk4+mc 1 2 2026-12-07 H100\n", PAIRS "('splitk4')");
 #undef PAIRS
     {   /* a fuzz finding: stages 1696 x (bm + bn 2048) x bk 1408 x 2 wrapped the old int product */
