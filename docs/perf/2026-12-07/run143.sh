@@ -16,7 +16,7 @@ mkdir -p "$OUT/w" "$OUT/w/tables" build
 export NCCL_NVLS_ENABLE=0 MOEGEN_CACHE_DIR=/tmp/moegen_cache
 . bench/gpu_env.sh
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader > "$OUT/w/gpu.txt"
-B=build/r143
+B=${B:-build/r143}
 cp $B/moegen $B/libmoegen.so $B/libmoegen_ref.so $B/liblua5.4.so.0 $B/libjansson.so.4 build/
 export LD_LIBRARY_PATH=$PWD/$B${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 # spec file, its shape key (E top_k H F), buckets

@@ -15,23 +15,24 @@
 # on the fp8 Qwen3, Mixtral and EP8 rank at 1 / 2 tokens and the bf16 Qwen3 at 1, interleaved, twice.
 set -u
 BUDGET=${1:-420}
+NEW=${NEW:-r144} BASE=${BASE:-r143}  # the build with the patch, the one without
 mkdir -p "$OUT/w" build
 export NCCL_NVLS_ENABLE=0 MOEGEN_CACHE_DIR=/tmp/moegen_cache
 . bench/gpu_env.sh
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader > "$OUT/w/gpu.txt"
 use() { cp build/$1/moegen build/$1/libmoegen.so build/$1/libmoegen_ref.so build/$1/liblua5.4.so.0 build/$1/libjansson.so.4 build/; }
-use r144
-timeout 200 stdbuf -oL -eL build/r144/test_quant_gpu > "$OUT/w/test_quant_gpu_r144.log" 2>&1
-echo "test_quant_gpu r144: exit $? ($SECONDS s)" >> "$OUT/w/rc.txt"
-timeout 100 stdbuf -oL -eL build/r144/test_gpu --tokens-max 8 qwen3-30b mixtral deepseek-v3-ep8 train_shared given_ids \
-    > "$OUT/w/test_gpu_r144_8.log" 2>&1
-echo "test_gpu r144 <= 8: exit $? ($SECONDS s)" >> "$OUT/w/rc.txt"
-[ -x build/r144/test_vendored ] && timeout 40 build/r144/test_vendored examples/specs/qwen3-30b-a3b.moe \
-    > "$OUT/w/test_vendored_r144.log" 2>&1
-echo "test_vendored r144: exit $? ($SECONDS s)" >> "$OUT/w/rc.txt"
+use $NEW
+timeout ${QT:-200} stdbuf -oL -eL build/$NEW/test_quant_gpu > "$OUT/w/test_quant_gpu_$NEW.log" 2>&1
+echo "test_quant_gpu $NEW: exit $? ($SECONDS s)" >> "$OUT/w/rc.txt"
+timeout 100 stdbuf -oL -eL build/$NEW/test_gpu --tokens-max 8 qwen3-30b mixtral deepseek-v3-ep8 train_shared given_ids \
+    > "$OUT/w/test_gpu_${NEW}_8.log" 2>&1
+echo "test_gpu $NEW <= 8: exit $? ($SECONDS s)" >> "$OUT/w/rc.txt"
+[ -x build/$NEW/test_vendored ] && timeout 40 build/$NEW/test_vendored examples/specs/qwen3-30b-a3b.moe \
+    > "$OUT/w/test_vendored_$NEW.log" 2>&1
+echo "test_vendored $NEW: exit $? ($SECONDS s)" >> "$OUT/w/rc.txt"
 for rep in 1 2; do
     for s in fp8/qwen3-30b-a3b-fp8 fp8/mixtral-8x7b-fp8 fp8/deepseek-v3-ep8-fp8 qwen3-30b-a3b; do
-        for r in r143 r144; do
+        for r in $BASE $NEW; do
             [ $((SECONDS + 15)) -le $BUDGET ] || break 3
             use $r
             echo "== $s $r rep=$rep" >> "$OUT/w/ab.log"
