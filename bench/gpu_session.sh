@@ -32,7 +32,8 @@
 #            test_ep_gpu, test_vendored (and its split-K, fp8, gemv, chain and pairs builds), test_bgemm_gpu, test_bwd_gpu,
 #            test_quant_gpu, test_runtime, moe_example, and the Python ops' GPU tests (the torch op and the JAX
 #            handler built there first); a summary line per log
-#   verify-grids  test_gpu on the examples under tests/tune/pingpong.tune, then under splitk.tune and pairs.tune
+#   verify-grids  test_gpu on the examples under tests/tune/pingpong.tune, then under splitk.tune and pairs.tune;
+#            test_quant_gpu under fp8pairs.tune
 #            (a call of its own)
 #   pdl      issue #16, launch overlap (MOEGEN_PDL=on: every kernel a programmatic dependent): test_gpu's default
 #            cases, test_ep_gpu and test_bwd_gpu under it (side by side; correctness), then moe_bench --graph at
@@ -336,6 +337,9 @@ for what in "$@"; do
             echo "test_gpu_$g: exit $?" | tee -a "$OUT/verify_rc.txt"
             grep -E '^test_gpu: [0-9]+ passed' "$OUT/test_gpu_$g.log"
         done
+        # the fp8 GEMMs in CTA pairs (persist+mc on every fp8 test shape)
+        MOEGEN_TUNING=tests/tune/fp8pairs.tune timeout 200 build/tests/test_quant_gpu > "$OUT/test_quant_gpu_pairs.log" 2>&1
+        echo "test_quant_gpu_pairs: exit $?" | tee -a "$OUT/verify_rc.txt"
         ;;
     tests|grids|tune|bench|decode) ;;
     *) echo "gpu_session.sh: unknown step '$what' (tests, grids, tune, bench, compare, decode, train, fp8, house, route, pingpong, tunesmall, splitk, gemv, gemvtune, routefuse, verify, verify-grids, fp8c2, pdl, all)"; exit 2 ;;
