@@ -24,7 +24,7 @@ use() { cp build/$1/moegen build/$1/libmoegen.so build/$1/libmoegen_ref.so build
 use $NEW
 timeout ${QT:-200} stdbuf -oL -eL build/$NEW/test_quant_gpu > "$OUT/w/test_quant_gpu_$NEW.log" 2>&1
 echo "test_quant_gpu $NEW: exit $? ($SECONDS s)" >> "$OUT/w/rc.txt"
-timeout 100 stdbuf -oL -eL build/$NEW/test_gpu --tokens-max 8 qwen3-30b mixtral deepseek-v3-ep8 train_shared given_ids \
+timeout ${TG:-100} stdbuf -oL -eL build/$NEW/test_gpu --tokens-max 8 qwen3-30b mixtral deepseek-v3-ep8 train_shared given_ids \
     > "$OUT/w/test_gpu_${NEW}_8.log" 2>&1
 echo "test_gpu $NEW <= 8: exit $? ($SECONDS s)" >> "$OUT/w/rc.txt"
 [ -x build/$NEW/test_vendored ] && timeout 40 build/$NEW/test_vendored examples/specs/qwen3-30b-a3b.moe \
