@@ -16,7 +16,6 @@
 #include "moe_internal.h"
 #include "spec.h"
 
-#include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -247,46 +246,6 @@ static moe_status mark(CUevent *ev, int i, CUstream st) {
     return MOE_OK;
 }
 
-/* Record e on `from` and make `to` wait for it. */
-static moe_status record_wait(CUevent e, CUstream from, CUstream to) {
-    CU_CHECK(moe_cu.cuEventRecord(e, from));
-    CU_CHECK(moe_cu.cuStreamWaitEvent(to, e, 0));
-    return MOE_OK;
-}
-
-/* The four grouped GEMMs (runtime/bgemm.h), their arguments g. In order on
- * st, stages 2 .. 5 in kind order, each marked; or, with the plan's second
- * stream (MOEGEN_WGRAD_SMS; docs/DESIGN.md, "The backward's second
- * stream"), for a call without stage marks while no other call enqueues
- * there: the weight gradients on it beside the data gradients on st,
- * wgrad_down once dys is written, wgrad_up once dgrad_down has written dU,
- * their persistent grids on wgrad_sms SMs (the data gradients' CTAs take
- * the others); st then waits for both. The join is enqueued also after a
- * failed launch, so a capture of st never ends with work forked from it. */
-static moe_status bgemms(const moe_plan *p, const moe_bgemm_args g[MOE_BGEMM_KINDS], CUevent *ev, CUstream st) {
-    const moe_launcher_t *l = &p->launcher;
-    moe_plan *owner = (moe_plan *)p; /* side_busy: this call's hold on the second stream */
-    moe_status rc;
-    if (ev || !p->side || atomic_exchange(&owner->side_busy, 1)) {
-        for (int i = 0; i < MOE_BGEMM_KINDS; i++)
-            if ((rc = mark(ev, 2 + i, st)) || (rc = moe_bgemm_launch(l, (moe_bgemm_kind)i, &g[i], st)))
-                return rc;
-        return MOE_OK;
-    }
-    moe_launcher_t lw = *l; /* the weight gradients' grid: wgrad_sms persistent CTAs */
-    lw.sms = p->wgrad_sms < l->sms ? p->wgrad_sms : l->sms;
-    CUstream sd = p->side;
-    (void)((rc = record_wait(p->side_ev[0], st, sd)) ||
-           (rc = moe_bgemm_launch(&lw, MOE_BGEMM_WGRAD_DOWN, &g[MOE_BGEMM_WGRAD_DOWN], sd)) ||
-           (rc = moe_bgemm_launch(l, MOE_BGEMM_DGRAD_DOWN, &g[MOE_BGEMM_DGRAD_DOWN], st)) ||
-           (rc = record_wait(p->side_ev[1], st, sd)) ||
-           (rc = moe_bgemm_launch(&lw, MOE_BGEMM_WGRAD_UP, &g[MOE_BGEMM_WGRAD_UP], sd)) ||
-           (rc = moe_bgemm_launch(l, MOE_BGEMM_DGRAD_UP, &g[MOE_BGEMM_DGRAD_UP], st)));
-    const moe_status join = record_wait(p->side_ev[2], sd, st);
-    atomic_store(&owner->side_busy, 0);
-    return rc ? rc : join;
-}
-
 moe_status moe_backward(const moe_plan *p, const moe_backward_args *a, void *stream) {
     return moe_backward_timed(p, a, stream, NULL);
 }
@@ -361,8 +320,9 @@ moe_status moe_backward_timed(const moe_plan *p, const moe_backward_args *a, voi
         g[MOE_BGEMM_WGRAD_UP].out = (CUdeviceptr)(uintptr_t)a->dw1p, g[MOE_BGEMM_WGRAD_UP].beta = beta;
         g[MOE_BGEMM_WGRAD_DOWN].a = bw[MOE_BW_DYS], g[MOE_BGEMM_WGRAD_DOWN].b = sv[MOE_SV_HBUF];
         g[MOE_BGEMM_WGRAD_DOWN].out = (CUdeviceptr)(uintptr_t)a->dw2, g[MOE_BGEMM_WGRAD_DOWN].beta = beta;
-        if ((rc = bgemms(p, g, ev, st)))
-            return rc;
+        for (int i = 0; i < MOE_BGEMM_KINDS; i++) /* stages 2 .. 5 in kind order */
+            if ((rc = mark(ev, 2 + i, st)) || (rc = moe_bgemm_launch(l, (moe_bgemm_kind)i, &g[i], st)))
+                return rc;
     }
     if ((rc = mark(ev, 6, st)))
         return rc;

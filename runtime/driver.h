@@ -38,9 +38,6 @@
     X(cuMemsetD8Async, "cuMemsetD8Async")                     \
     X(cuMemsetD32Async, "cuMemsetD32Async")                   \
     X(cuStreamCreate, "cuStreamCreate")                       \
-    X(cuStreamCreateWithPriority, "cuStreamCreateWithPriority") \
-    X(cuCtxGetStreamPriorityRange, "cuCtxGetStreamPriorityRange") \
-    X(cuStreamWaitEvent, "cuStreamWaitEvent")                 \
     X(cuStreamDestroy, "cuStreamDestroy_v2")                  \
     X(cuStreamSynchronize, "cuStreamSynchronize")             \
     X(cuEventCreate, "cuEventCreate")                         \

@@ -13,8 +13,6 @@
 #include "plan.h"
 #include "tuning.h"
 
-#include <stdatomic.h>
-
 struct moe_cudnn;
 struct moe_ep;
 
@@ -41,12 +39,6 @@ struct moe_plan {
     int gather;             /* the gathered up GEMM (docs/DESIGN.md), MOEGEN_GATHER read at creation: 0 off, 1 on
                                (every call its kernels allow), 2 auto (the default: launch_geom.h's
                                moe_gather_tokens too) */
-    int wgrad_sms;          /* a training plan's weight gradients beside its data gradients (docs/DESIGN.md, "The
-                               backward's second stream"), MOEGEN_WGRAD_SMS read at creation: their grid's SMs,
-                               0 (the default) in order on the caller's stream */
-    CUstream side;          /* that stream (highest priority) and its fork / join events; NULL without */
-    CUevent side_ev[3];
-    _Atomic int side_busy;  /* 1 while a call enqueues on side (another thread's call then runs in order) */
 };
 
 /* The launcher a forward of `tokens` tokens runs (docs/DESIGN.md,

@@ -62,14 +62,6 @@ static moe_status open_device(moe_plan *p, const moe_options *o) {
     p->launcher.pdl = variant_pdl(p, p->pd.nvariants - 1);
     CU_CHECK(moe_cu.cuDevicePrimaryCtxRetain(&p->ctx, dev));
     CU_CHECK(moe_cu.cuCtxSetCurrent(p->ctx));
-    if (p->wgrad_sms > 0) { /* the backward's second stream (backward.c), at the highest priority: its
-                             * persistent weight-gradient CTAs take SMs first as the data gradients' free them */
-        int lowest = 0, highest = 0;
-        CU_CHECK(moe_cu.cuCtxGetStreamPriorityRange(&lowest, &highest));
-        CU_CHECK(moe_cu.cuStreamCreateWithPriority(&p->side, CU_STREAM_NON_BLOCKING, highest));
-        for (int i = 0; i < 3; i++)
-            CU_CHECK(moe_cu.cuEventCreate(&p->side_ev[i], CU_EVENT_DISABLE_TIMING));
-    }
     return MOE_OK;
 }
 
@@ -220,21 +212,6 @@ static moe_status env_mode(const char *var, int *mode) {
     return MOE_OK;
 }
 
-/* A count of SMs from the environment into *n: 0 (also empty or unset, or "off") .. 4096; anything else fails
- * the plan, naming the variable. */
-static moe_status env_sms(const char *var, int *n) {
-    const char *v = getenv(var);
-    *n = 0;
-    if (!v || !*v || !strcmp(v, "off"))
-        return MOE_OK;
-    char *end;
-    const long x = strtol(v, &end, 10);
-    if (*end || end == v || x < 0 || x > 4096)
-        return moe_fail(MOE_ERR_INVALID_ARG, "%s=%s: expected off or a count of SMs (0 .. 4096)", var, v);
-    *n = (int)x;
-    return MOE_OK;
-}
-
 /* Spec -> plan tables, refusing what this runtime cannot run yet. The
  * GEMM tiles come from `table` when given, else from the option's table
  * file, else $MOEGEN_TUNING's, else the embedded one. */
@@ -289,10 +266,8 @@ static moe_status plan_tables(moe_plan *p, const char *path, const char *text, c
      * only (open_device); the gathered up GEMM (runtime/moe_forward.c): MOEGEN_GATHER */
     if ((rc = env_switch("MOEGEN_ROUTE_FUSE", 1, &p->route_fuse)) ||
         (rc = env_switch("MOEGEN_COMBINE_FUSE", 0, &p->combine_fuse)) || (rc = env_mode("MOEGEN_PDL", &p->pdl)) ||
-        (rc = env_mode("MOEGEN_GATHER", &p->gather)) || (rc = env_sms("MOEGEN_WGRAD_SMS", &p->wgrad_sms)))
+        (rc = env_mode("MOEGEN_GATHER", &p->gather)))
         return rc;
-    if (!spec.training || p->ep->dispatch) /* the second stream is the one-device backward's (backward.c) */
-        p->wgrad_sms = 0;
     p->route_fuse &= !p->ep->dispatch;
     /* nor with zero experts: a call whose entries all chose one has no tile, and the folded combine runs in
      * the CTAs of the tiles (docs/DESIGN.md, "Zero experts") */
@@ -623,11 +598,6 @@ void moe_plan_destroy(moe_plan *p) {
     if (p->ctx) /* the module and the table belong to the plan's context */
         moe_cu.cuCtxSetCurrent(p->ctx);
     moe_cudnn_destroy(p->cudnn);
-    for (int i = 0; i < 3; i++)
-        if (p->side_ev[i])
-            moe_cu.cuEventDestroy(p->side_ev[i]);
-    if (p->side)
-        moe_cu.cuStreamDestroy(p->side);
     if (p->module)
         moe_cu.cuModuleUnload(p->module);
     if (p->launcher.slot_table)
