@@ -84,8 +84,7 @@ static void test_cudnn_switch(void) {
  * JIT, read before any driver use; its errors name the file and line. */
 /* An on/off switch read when a plan is created (MOEGEN_ROUTE_FUSE: the
  * fused route; MOEGEN_PDL: launch overlap; MOEGEN_COMBINE_FUSE: the combine
- * folded into a gemv down GEMM; MOEGEN_WGRAD_SMS, a count: the backward's
- * second stream): any other value fails the plan
+ * folded into a gemv down GEMM): any other value fails the plan
  * before any driver use, naming the value (on a GPU test_gpu checks
  * moe_plan_info.route_fuse / .pdl and runs the cases under on and off). */
 static void test_switch_refused(const char *label, const char *var, const char *value, const char *values) {
@@ -816,12 +815,6 @@ int main(void) {
                         "MOEGEN_PDL", "1", "on, off or auto");
     test_switch_refused("folded combine: a bad MOEGEN_COMBINE_FUSE fails the plan before the driver, naming the value",
                         "MOEGEN_COMBINE_FUSE", "maybe", "on or off");
-    test_switch_refused("second stream: a bad MOEGEN_WGRAD_SMS fails the plan before the driver, naming the value",
-                        "MOEGEN_WGRAD_SMS", "44sms", "off or a count of SMs (0 .. 4096)");
-    test_switch_refused("second stream: MOEGEN_WGRAD_SMS past 4096 fails the plan likewise", "MOEGEN_WGRAD_SMS",
-                        "5000", "off or a count of SMs (0 .. 4096)");
-    test_switch_refused("second stream: a negative MOEGEN_WGRAD_SMS fails the plan likewise", "MOEGEN_WGRAD_SMS",
-                        "-3", "off or a count of SMs (0 .. 4096)");
     CASE("launch overlap: MOEGEN_PDL=auto (the tuning table's choice per call size) passes the switch");
     {
         moe_plan *plan = NULL;
@@ -836,7 +829,7 @@ int main(void) {
     CASE("README's table of switches and the code's getenv calls name the same variables");
     {
         /* both lists, sorted and unique, as one line each */
-        FILE *code = popen("grep -rhoE '(getenv|env_switch|env_mode|env_sms)\\(\"MOEGEN_[A-Z_]+' gen runtime templates tests bench examples "
+        FILE *code = popen("grep -rhoE '(getenv|env_switch|env_mode)\\(\"MOEGEN_[A-Z_]+' gen runtime templates tests bench examples "
                            "| sed 's/.*\"//' | sort -u | tr '\\n' ' '", "r");
         FILE *doc = popen("grep -oE '^\\| `MOEGEN_[A-Z_]+`' README.md | sed 's/[|` ]//g' | sort -u | tr '\\n' ' '",
                           "r");
