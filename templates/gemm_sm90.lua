@@ -438,8 +438,9 @@ static __device__ __forceinline__ void tma_load_pair(unsigned s, const moe_tmap_
  * offset, whose multicast writes this CTA's stage too. The remote arrival
  * keeps mbarrier.arrive's default semantics (release at CTA scope), as
  * the local one: with .release.cluster ptxas adds a fence to every
- * release (56 instructions more per kernel), and the pairs ran 1.6-2.3x
- * slower than the kernels without them (run 146, an H100). */
+ * release (56 instructions more per kernel), and the pairs ran 1.6-2.2x
+ * slower than the kernels without them (run 146, an H100; 1.1-1.4x with
+ * this form, run 151). */
 static __device__ __forceinline__ void release(unsigned b) {
     bar_arrive(b);
     if ((threadIdx.x & 31) == 0)

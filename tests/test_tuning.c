@@ -957,6 +957,45 @@ int main(void) {
         moe_tuning_free(&gt);
     }
 
+    CASE("tests/tune/fp8pairs.tune: e4m3 persist+mc entries; an fp8 spec's GEMMs run in CTA pairs, the fp8 consumer "
+         "releasing its stages to both CTAs; +mc on an e4m3 tile entry is refused");
+    {
+        moe_tuning_t gt;
+        moe_diag_t gd;
+        CHECKF(moe_tuning_load(&gt, "tests/tune/fp8pairs.tune", &gd) == 0, "%s", gd.msg);
+        CHECK(gt.n >= 10);
+        for (int i = 0; i < gt.n; i++)
+            CHECK(gt.e[i].fp8 && gt.e[i].persistent && gt.e[i].cluster && !gt.e[i].pingpong && gt.e[i].bk == 128);
+        moe_spec_t s8;
+        moe_diag_t d8;
+        moe_plan_desc_t pd8 = {0};
+        char err8[256];
+        CHECKF(moe_spec_load(&s8, "examples/specs/fp8/qwen3-30b-a3b-fp8.moe", NULL, NULL, 0, &d8) == 0, "%s", d8.msg);
+        CHECKF(moe_plan_desc_build(&pd8, &s8, &gt, err8, sizeof err8) == 0, "%s", err8);
+        for (int k = MOE_K_GEMM_UP; k <= MOE_K_GEMM_DOWN; k++) {
+            const moe_kernel_desc_t *g = &moe_plan_kernels(&pd8, MOE_ARCH_SM90A)[k];
+            CHECKF(g->tile.cluster && g->tile.persistent && strstr(g->name, "_e4m3_block_sm90a_tma_persist_") &&
+                       strstr(g->name, "_mc"), "%s", g->name);
+        }
+        moe_buf_t src8 = {0};
+        moe_diag_t ed8;
+        CHECKF(moe_emit_source(&pd8, NULL, &src8, &ed8) == 0, "%s", ed8.msg);
+        const char *t8 = src8.data ? src8.data : "";
+        int pairs = 0, fp8_release = 0;
+        for (const char *q = t8; (q = strstr(q, "__launch_bounds__(256, 1) MOE_CTA_PAIR\n")); q++)
+            pairs++; /* one consumer warpgroup: 256 threads */
+        for (const char *q = t8; (q = strstr(q, "(i & 4 ? u : g));\n        }\n"
+                                                "        release(sbase + BAR_OFF + (STAGES + s) * 8);\n")); q++)
+            fp8_release++; /* consume_fp8's stage release (after the promotion), one per pair kernel */
+        CHECKF(pairs == 2 && fp8_release == 2, "%d pair kernels, %d fp8 pair releases", pairs, fp8_release);
+        moe_buf_free(&src8);
+        moe_plan_desc_free(&pd8);
+        moe_tuning_free(&gt);
+        moe_tuning_t t8t;
+        CHECK(parse(&t8t, "128 8 2048 768 e4m3 sm_90a 1  128 256 128 4 2 8 tile+mc  1 2 2026-12-07 H100\n", &gd) != 0);
+        CHECK(strstr(gd.msg, "+mc: the persistent grids (persist, pingpong; e4m3 entries persist)") != NULL);
+    }
+
     CASE("tests/tune/gemv8.tune: e4m3 gemv entries; an fp8 spec plans both GEMMs on the gemv grid, its up GEMM's "
          "cluster and shared memory as documented");
     {
