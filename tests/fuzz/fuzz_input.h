@@ -6,7 +6,7 @@
  * 1..FUZZ_TABLES tests/tune's tables (FUZZ_TUNE_DIR, the Makefile's path to
  * them; the values above it the embedded one too), so the variant, split-K,
  * gemv, gemv4, stream, chain, row-block, CTA-pair and fp8 planning paths
- * (fp8's tile, persistent and gemv grids) are reached too. */
+ * (fp8's tile, persistent, pair and gemv grids) are reached too. */
 #ifndef MOEGEN_FUZZ_INPUT_H
 #define MOEGEN_FUZZ_INPUT_H
 
@@ -78,13 +78,15 @@ static inline void fuzz_input_free(fuzz_input_t *in) {
 /* Table i (0: the embedded one; 1..FUZZ_TABLES tests/tune's, loaded once); a
  * table that does not load falls back to the embedded one, said once on
  * stderr. The Makefile's fuzz target reads FUZZ_TABLES from this line to seed
- * a corpus entry per table, so the count has one home: here. */
-#define FUZZ_TABLES 14
+ * a corpus entry per table, so the count has one home: here (at most 15: the
+ * first byte's bits 1-4). */
+#define FUZZ_TABLES 15
 static inline const moe_tuning_t *fuzz_tuning_of(int i) {
     static const char *const names[] = {"fp8", "gemv", "persist", "pingpong", "splitk", "tile", "variants", "fp8p",
-                                        "gemv8", "stream", "chain", "gemv4", "rowblock", "pairs"};
+                                        "gemv8", "stream", "chain", "gemv4", "rowblock", "pairs", "fp8pairs"};
     enum { N = sizeof names / sizeof *names };
     _Static_assert(N == FUZZ_TABLES, "FUZZ_TABLES counts the names");
+    _Static_assert(FUZZ_TABLES <= 15, "the first byte's bits 1-4 name the table");
     static moe_tuning_t tables[N];
     static int ok[N], loaded;
     if (!loaded) {
