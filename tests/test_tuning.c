@@ -946,32 +946,30 @@ int main(void) {
         moe_tuning_free(&gt);
     }
 
-    CASE("the fp8 GPU tests' tables parse: e4m3 entries on the tile grid (fp8.tune) and the persistent one (fp8p.tune)");
-    for (int g = 0; g < 2; g++) {
+    CASE("the fp8 GPU tests' tables parse: e4m3 entries on the tile grid (fp8.tune), the persistent one (fp8p.tune) "
+         "and that one in CTA pairs (fp8pairs.tune)");
+    for (int g = 0; g < 3; g++) {
+        static const char *const fp8_tables[] = {"tests/tune/fp8.tune", "tests/tune/fp8p.tune",
+                                                 "tests/tune/fp8pairs.tune"};
         moe_tuning_t gt;
         moe_diag_t gd;
-        CHECKF(moe_tuning_load(&gt, g ? "tests/tune/fp8p.tune" : "tests/tune/fp8.tune", &gd) == 0, "%s", gd.msg);
+        CHECKF(moe_tuning_load(&gt, fp8_tables[g], &gd) == 0, "%s", gd.msg);
         CHECK(gt.n >= 10);
         for (int i = 0; i < gt.n; i++)
-            CHECK(gt.e[i].fp8 && gt.e[i].persistent == g && !gt.e[i].pingpong && gt.e[i].bk == 128);
+            CHECK(gt.e[i].fp8 && gt.e[i].persistent == (g > 0) && gt.e[i].cluster == (g == 2) && !gt.e[i].pingpong &&
+                  gt.e[i].bk == 128);
         moe_tuning_free(&gt);
     }
 
-    CASE("tests/tune/fp8pairs.tune: e4m3 persist+mc entries; an fp8 spec's GEMMs run in CTA pairs, the fp8 consumer "
-         "releasing its stages to both CTAs; +mc on an e4m3 tile entry is refused");
+    CASE("tests/tune/fp8pairs.tune: an fp8 spec's GEMMs run in CTA pairs, the fp8 consumer releasing its stages to "
+         "both CTAs; +mc on an e4m3 tile entry is refused");
     {
         moe_tuning_t gt;
         moe_diag_t gd;
-        CHECKF(moe_tuning_load(&gt, "tests/tune/fp8pairs.tune", &gd) == 0, "%s", gd.msg);
-        CHECK(gt.n >= 10);
-        for (int i = 0; i < gt.n; i++)
-            CHECK(gt.e[i].fp8 && gt.e[i].persistent && gt.e[i].cluster && !gt.e[i].pingpong && gt.e[i].bk == 128);
-        moe_spec_t s8;
-        moe_diag_t d8;
         moe_plan_desc_t pd8 = {0};
-        char err8[256];
-        CHECKF(moe_spec_load(&s8, "examples/specs/fp8/qwen3-30b-a3b-fp8.moe", NULL, NULL, 0, &d8) == 0, "%s", d8.msg);
-        CHECKF(moe_plan_desc_build(&pd8, &s8, &gt, err8, sizeof err8) == 0, "%s", err8);
+        CHECKF(moe_tuning_load(&gt, "tests/tune/fp8pairs.tune", &gd) == 0, "%s", gd.msg);
+        CHECK(plan_of(&pd8, "name = 'q8'\nexperts = 128\ntop_k = 8\nhidden = 2048\nffn = 768\ntokens = 64\n"
+                            "arch = 'sm_90a'\nquant = { weights = 'fp8_e4m3' }\n", &gt) == 0);
         for (int k = MOE_K_GEMM_UP; k <= MOE_K_GEMM_DOWN; k++) {
             const moe_kernel_desc_t *g = &moe_plan_kernels(&pd8, MOE_ARCH_SM90A)[k];
             CHECKF(g->tile.cluster && g->tile.persistent && strstr(g->name, "_e4m3_block_sm90a_tma_persist_") &&

@@ -12,45 +12,11 @@
 #              Mixtral at 4096 tokens with it off, 33, 66 SMs; then test_bwd_gpu (train cases, examples; its
 #              row-block case now expecting rowblock.tune's two GEMM variants) with MOEGEN_WGRAD_SMS=44 for what
 #              is left. ("+ef" at 512 tokens, run143.sh, did not fit: a later call.)
-# Carry ["build/r151", "build/r152", "build/r153"].
+# Carry ["build/r151", "build/r152", "build/r153"]. (Never run; its bwd/ part ran as run154.sh, which it now calls,
+# and its q/ part is q4096.sh, shared with run156.sh.)
 set -u
 ROOT=$OUT
-mkdir -p "$ROOT/bwd" "$ROOT/q"
-export MOEGEN_CACHE_DIR=/tmp/moegen_cache NCCL_NVLS_ENABLE=0
-. bench/gpu_env.sh
-LD0=${LD_LIBRARY_PATH:-}
-cp build/r153/moegen build/r153/libmoegen.so build/r153/libmoegen_ref.so build/r153/liblua5.4.so.0 \
-    build/r153/libjansson.so.4 build/
-export LD_LIBRARY_PATH=$PWD/build/r153${LD0:+:$LD0}
-for s in qwen3-30b-a3b mixtral-8x7b; do
-    { cat examples/specs/$s.moe; echo "training = true"; } > /tmp/train_$s.moe
-done
-for s in qwen3-30b-a3b mixtral-8x7b; do
-    for k in off 33 66; do
-        [ $SECONDS -le 70 ] || break 2
-        echo "== $s MOEGEN_WGRAD_SMS=$k" >> "$ROOT/bwd/backward.log"
-        MOEGEN_WGRAD_SMS=$k timeout 30 build/r153/moe_bench /tmp/train_$s.moe --backward --tokens 4096 --iters 10 \
-            >> "$ROOT/bwd/backward.log" 2>&1
-        echo "backward $s $k: exit $? ($SECONDS s)" >> "$ROOT/bwd/rc.txt"
-    done
-done
-grep -E "^== |^4096 +0 " "$ROOT/bwd/backward.log"
-left=$((140 - SECONDS))
-[ $left -ge 20 ] && MOEGEN_WGRAD_SMS=44 MOEGEN_TEST_PROGRESS=1 timeout $left stdbuf -oL -eL \
-    build/r153/test_bwd_gpu train examples > "$ROOT/bwd/test_bwd_gpu.log" 2>&1
-echo "test_bwd_gpu (MOEGEN_WGRAD_SMS=44): exit $? ($SECONDS s)" >> "$ROOT/bwd/rc.txt"
-cat "$ROOT/bwd/rc.txt"; tail -1 "$ROOT/bwd/test_bwd_gpu.log"
-grep -m5 FAIL "$ROOT/bwd/test_bwd_gpu.log"
-export LD_LIBRARY_PATH=$PWD/build/r151${LD0:+:$LD0}
-for rep in 1 2; do
-    for t in tuning/h200.tune docs/perf/2026-12-07/q4096_rb256.tune docs/perf/2026-12-07/q4096_rb192.tune; do
-        [ $SECONDS -le 185 ] || break 2
-        echo "== $t rep=$rep" >> "$ROOT/q/ab.log"
-        MOEGEN_TUNING=$PWD/$t timeout 30 build/r151/moe_bench examples/specs/qwen3-30b-a3b.moe --graph --tokens 4096 \
-            --tokens 8192 --iters 20 >> "$ROOT/q/ab.log" 2>&1
-    done
-done
-grep -E "^== |^[0-9]+ +(gemm_up_swiglu|gemm_down|LAYER graph)" "$ROOT/q/ab.log"
-export LD_LIBRARY_PATH=$LD0
+OUT=$ROOT/bwd bash docs/perf/2026-12-07/run154.sh   # its bwd/ part, as run 154 ran it
+OUT=$ROOT/q bash docs/perf/2026-12-07/q4096.sh build/r151 45
 OUT=$ROOT/fp8route NEW=r152 BASE=r151 QT=50 TG=40 bash docs/perf/2026-12-07/run144.sh 110
 cd "$ROOT" && tar czf run152.tgz --remove-files fp8route q bwd

@@ -11,22 +11,6 @@
 set -u
 ROOT=$OUT
 OUT=$ROOT/fp8route NEW=r152 BASE=r151 QT=120 TG=80 bash docs/perf/2026-12-07/run144.sh 260
-mkdir -p "$ROOT/q"
-(
-    export MOEGEN_CACHE_DIR=/tmp/moegen_cache NCCL_NVLS_ENABLE=0
-    . bench/gpu_env.sh
-    export LD_LIBRARY_PATH=$PWD/build/r151${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-    cp build/r151/moegen build/r151/libmoegen.so build/r151/libmoegen_ref.so build/r151/liblua5.4.so.0 \
-        build/r151/libjansson.so.4 build/
-    for rep in 1 2; do
-        for t in tuning/h200.tune docs/perf/2026-12-07/q4096_rb256.tune docs/perf/2026-12-07/q4096_rb192.tune; do
-            [ $SECONDS -le 330 ] || break 2
-            echo "== $t rep=$rep" >> "$ROOT/q/ab.log"
-            MOEGEN_TUNING=$PWD/$t timeout 30 build/r151/moe_bench examples/specs/qwen3-30b-a3b.moe --graph \
-                --tokens 4096 --tokens 8192 --iters 20 >> "$ROOT/q/ab.log" 2>&1
-        done
-    done
-    grep -E "^== |^[0-9]+ +(gemm_up_swiglu|gemm_down|LAYER graph)" "$ROOT/q/ab.log"
-)
+OUT=$ROOT/q bash docs/perf/2026-12-07/q4096.sh build/r151 60
 OUT=$ROOT/ncu B=build/r151 bash docs/perf/2026-12-07/run153.sh 120
 cd "$ROOT" && tar czf run156.tgz --remove-files fp8route q ncu
