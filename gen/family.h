@@ -299,6 +299,10 @@ int moe_bgemm_smem(const moe_tile_cfg_t *t, int wgrad);
  * whose rows are the tile table's) and columns N. */
 void moe_bgemm_mn(moe_kfamily_t f, long long hidden, long long ffn, long long *M, long long *N);
 
+/* Bytes of one element of the weight gradients dw1p and dw2 (spec
+ * weight_grads): 4 (fp32) or 2 (the dtype). */
+int moe_wgrad_elem_bytes(const moe_spec_t *s);
+
 /* ---- Lua table setters: t[k] = v on the table on top of L --------------- */
 void moe_lua_set_int(lua_State *L, const char *k, long long v);
 void moe_lua_set_num(lua_State *L, const char *k, double v);

@@ -63,10 +63,15 @@ static int geometry(moe_kernel_desc_t *k, const moe_family_ctx_t *c, char *err, 
  * M.wgrad; the launcher flattens their 3D grid onto the SMs): run 56 (H100)
  * measured Mixtral's wgrad_down 2.47 -> 1.98 ms and Qwen3's wgrad_up 0.866
  * -> 0.757 against one CTA per tile storing from registers. */
-/* The sm_90a wgrad's shared memory: the ring, half the fp32 output tile
- * (TMA's staging, two passes), the mbarriers. */
-static int wgrad_sm90_smem(const moe_tile_cfg_t *t) {
-    return t->stages * (t->bm + t->bn) * t->bk * 2 + t->bm * (t->bn / 2) * 4 + 16 * t->stages;
+/* The bytes of a weight gradient's element (spec weight_grads). */
+int moe_wgrad_elem_bytes(const moe_spec_t *s) {
+    return s->weight_grads == MOE_WGRADS_DTYPE ? 2 : 4;
+}
+
+/* The sm_90a wgrad's shared memory: the ring, half the output tile (TMA's
+ * staging, two passes; fp32 or the dtype), the mbarriers. */
+static int wgrad_sm90_smem(const moe_tile_cfg_t *t, int elem_bytes) {
+    return t->stages * (t->bm + t->bn) * t->bk * 2 + t->bm * (t->bn / 2) * elem_bytes + 16 * t->stages;
 }
 
 static int sm90_geometry(moe_kernel_desc_t *k, const moe_family_ctx_t *c, char *err, size_t errlen) {
@@ -81,7 +86,8 @@ static int sm90_geometry(moe_kernel_desc_t *k, const moe_family_ctx_t *c, char *
     if (is_wgrad(k->family))
         k->tile.persistent = 1, k->tile.stages = 3;
     k->threads = 128 * (k->tile.consumers + 1);
-    k->smem = is_wgrad(k->family) ? wgrad_sm90_smem(&k->tile) : moe_gemm_sm90_smem(&k->tile, k->tile.bn);
+    k->smem = is_wgrad(k->family) ? wgrad_sm90_smem(&k->tile, moe_wgrad_elem_bytes(c->spec))
+                                  : moe_gemm_sm90_smem(&k->tile, k->tile.bn);
     return 0;
 }
 
@@ -89,16 +95,18 @@ static const char *kind_name(moe_kfamily_t f) {
     return moe_family(f)->name;
 }
 
+/* a wgrad that writes the dtype (spec weight_grads = "dtype") ends in _g<dtype> */
 static void spell(char *out, size_t n, const moe_family_ctx_t *c, const moe_kernel_desc_t *k) {
     const moe_tile_cfg_t *t = &k->tile;
+    const char *dt = moe_dtype_name(c->spec->dtype);
+    const int half = is_wgrad(k->family) && moe_wgrad_elem_bytes(c->spec) == 2;
     if (t->consumers)
-        snprintf(out, n, "%s_%s_%s_sm90a_tma_%sm%dn%dk%ds%dc%dg%d", c->spec->name, kind_name(k->family),
-                 moe_dtype_name(c->spec->dtype), t->pingpong ? "pingpong_" : t->persistent ? "persist_" : "", t->bm,
-                 t->bn, t->bk, t->stages, t->consumers, t->group_m);
+        snprintf(out, n, "%s_%s_%s_sm90a_tma_%sm%dn%dk%ds%dc%dg%d%s%s", c->spec->name, kind_name(k->family), dt,
+                 t->pingpong ? "pingpong_" : t->persistent ? "persist_" : "", t->bm, t->bn, t->bk, t->stages,
+                 t->consumers, t->group_m, half ? "_g" : "", half ? dt : "");
     else
-        snprintf(out, n, "%s_%s_%s_m%dn%dk%ds%dw%dx%dg%d", c->spec->name, kind_name(k->family),
-                 moe_dtype_name(c->spec->dtype), t->bm, t->bn, t->bk, t->stages, t->warps_m, t->warps_n,
-                 t->group_m);
+        snprintf(out, n, "%s_%s_%s_m%dn%dk%ds%dw%dx%dg%d%s%s", c->spec->name, kind_name(k->family), dt, t->bm, t->bn,
+                 t->bk, t->stages, t->warps_m, t->warps_n, t->group_m, half ? "_g" : "", half ? dt : "");
 }
 
 /* dgrads: N tiles x the row tiles n (as the forward GEMMs); wgrads: N tiles

@@ -304,6 +304,8 @@ static void push_shared(lua_State *L, const moe_plan_desc_t *pd, int align) {
     moe_lua_set_str(L, "name", s->name);
     moe_lua_set_str(L, "hash", s->hash);
     moe_lua_set_str(L, "dtype", moe_dtype_name(s->dtype));
+    /* the backward's weight gradients dw1p, dw2 (spec weight_grads): "fp32" or the dtype */
+    moe_lua_set_str(L, "grad_dtype", moe_wgrad_elem_bytes(s) == 2 ? moe_dtype_name(s->dtype) : "fp32");
     moe_lua_set_int(L, "E", s->experts);
     moe_lua_set_int(L, "K", s->top_k);
     moe_lua_set_int(L, "shared_slots", moe_spec_shared_slots(s)); /* the shared expert's slots E .. slots - 1 */

@@ -40,6 +40,11 @@ typedef enum { MOE_ROUTER_WEIGHT_DTYPE = 0, MOE_ROUTER_WEIGHT_FP32 = 1 } moe_rou
 typedef enum { MOE_APPLY_OUTPUT = 0, MOE_APPLY_INPUT = 1 } moe_apply_t;
 typedef enum { MOE_ARCH_SM90A = 0, MOE_ARCH_SM80 = 1 } moe_arch_t;
 typedef enum { MOE_SHARED_GATE_NONE = 0, MOE_SHARED_GATE_SIGMOID = 1 } moe_shared_gate_t;
+/* The backward's weight gradients dw1p and dw2: fp32, or the spec's dtype
+ * (what torch autograd and TransformerEngine return for bf16 weights; half
+ * the bytes written), accumulated in fp32 either way; docs/DESIGN.md,
+ * "Weight gradients in the spec's dtype". */
+typedef enum { MOE_WGRADS_FP32 = 0, MOE_WGRADS_DTYPE = 1 } moe_weight_grads_t;
 
 /* Expert weights in fp8 (docs/DESIGN.md, "FP8"): none (the weights are
  * dtype), or e4m3 with fp32 scales, one per MOE_FP8_BLOCK x MOE_FP8_BLOCK
@@ -143,6 +148,7 @@ typedef struct {
     bool ffn_bias;                /* per-expert bias on both expert GEMMs */
     moe_shared_t shared;          /* the always-on shared expert (shared.ffn = 0: none) */
     bool training;                /* also plan the backward (moe_backward) */
+    moe_weight_grads_t weight_grads; /* dw1p and dw2 in fp32 or the dtype (training) */
     moe_quant_t quant;            /* fp8 expert weights (quant.weights = none: dtype) */
     moe_mesh_t mesh;
     moe_dispatch_t dispatch;      /* used when mesh.ep > 1 */

@@ -598,6 +598,13 @@ static void check_quant(moe_spec_ctx_t *c, const moe_spec_t *s) {
      * (moe_gather_weights), the EP dispatch moves e4m3 rows and scales */
 }
 
+/* The weight gradients' type: "dtype" is a backward's choice. */
+static void check_weight_grads(moe_spec_ctx_t *c, const moe_spec_t *s) {
+    if (s->weight_grads == MOE_WGRADS_DTYPE && !s->training)
+        NAMED_ERROR(c, "weight_grads", "weight_grads = \"dtype\" without training = true: only the backward "
+                    "writes weight gradients; add training = true or leave weight_grads out");
+}
+
 /* Zero-computation experts (zero_experts > 0; docs/DESIGN.md, "Zero
  * experts"): entries of indices >= experts take no weight slot and no
  * expert row; what carries them is the forward without a dispatch. Run after
@@ -693,6 +700,8 @@ void moe_spec_read(moe_spec_ctx_t *c, moe_spec_t *s) {
         check_quant(c, s);
     if (!c->failed)
         check_zero_experts(c, s);
+    if (!c->failed)
+        check_weight_grads(c, s);
     if (!c->failed)
         moe_spec_reset_unused(s);
 }

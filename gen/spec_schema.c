@@ -17,7 +17,7 @@ _Static_assert(sizeof(moe_arch_t) == sizeof(int) && sizeof(moe_dtype_t) == sizeo
                    sizeof(moe_act_clamp_t) == sizeof(int) && sizeof(moe_act_kind_t) == sizeof(int) &&
                    sizeof(moe_dispatch_mode_t) == sizeof(int) && sizeof(moe_apply_t) == sizeof(int) &&
                    sizeof(moe_shared_gate_t) == sizeof(int) && sizeof(moe_quant_weights_t) == sizeof(int) &&
-                   sizeof(moe_quant_scaling_t) == sizeof(int),
+                   sizeof(moe_quant_scaling_t) == sizeof(int) && sizeof(moe_weight_grads_t) == sizeof(int),
                "enum fields are int-sized");
 
 #define AT(field) offsetof(moe_spec_t, field)
@@ -31,6 +31,7 @@ static const char *const act_clamps[] = {"before", "after", NULL};
 static const char *const applies[] = {"output", "input", NULL};
 static const char *const act_kinds[] = {"swiglu", "geglu", "relu2", NULL};
 static const char *const shared_gates[] = {"none", "sigmoid", NULL};
+static const char *const weight_grads[] = {"fp32", "dtype", NULL};
 static const char *const quant_weights[] = {"none", "fp8_e4m3", NULL};
 static const int quant_weights_ids[] = {MOE_QUANT_NONE, MOE_QUANT_FP8_E4M3};
 static const char *const quant_scalings[] = {"block", "channel", NULL};
@@ -170,6 +171,11 @@ const moe_key_t moe_spec_keys[] = {
     {.name = "training", .type = MOE_KEY_BOOL, .offset = AT(training),
      .help = "the plan also builds the backward kernels (`moe_backward`) and the training forward that saves "
              "what the backward needs; one device or any mesh (`moe_reduce_scatter_grads` over `fsdp`)"},
+    {.name = "weight_grads", .type = MOE_KEY_ENUM, .offset = AT(weight_grads), .choices = weight_grads,
+     .optional = true,
+     .help = "the backward's expert weight gradients `dw1p`, `dw2`: `\"fp32\"`, or `\"dtype\"` (the spec's: what "
+             "torch autograd and TransformerEngine return for bf16 weights, half the bytes written), summed in fp32 "
+             "either way; the bias and router gradients stay fp32; needs `training = true`; README, \"Training\""},
 
     {.name = "quant.weights", .type = MOE_KEY_ENUM, .offset = AT(quant.weights), .choices = quant_weights,
      .values = quant_weights_ids, .optional = true,

@@ -222,16 +222,18 @@ static moe_status backward_check(const moe_plan *p, const moe_backward_args *a) 
 static moe_status zero_grads(const moe_plan *p, const moe_backward_args *a, CUstream st) {
     const moe_spec_t *s = &p->pd.spec;
     const size_t S = (size_t)p->launcher.slots, E = (size_t)s->experts, H = (size_t)s->hidden, F = (size_t)s->ffn;
+    const size_t wb = (size_t)moe_wgrad_elem_bytes(s); /* dw1p's and dw2's element bytes; 2F·H and H·F are even */
     struct {
-        float *ptr;
-        size_t n;
-    } g[] = {{a->d_router_w, E * H}, {s->router.logit_bias ? a->d_logit_bias : NULL, E}, {a->dw1p, S * 2 * F * H},
-             {a->dw2, S * H * F}, {s->ffn_bias ? a->db1p : NULL, S * 2 * F}, {s->ffn_bias ? a->db2 : NULL, S * H},
-             {s->shared.ffn && s->shared.gate == MOE_SHARED_GATE_SIGMOID ? a->d_shared_gate : NULL, H},
-             {s->router.expert_scale ? a->d_expert_scale : NULL, E}};
+        void *ptr;
+        size_t bytes;
+    } g[] = {{a->d_router_w, 4 * E * H}, {s->router.logit_bias ? a->d_logit_bias : NULL, 4 * E},
+             {a->dw1p, wb * S * 2 * F * H}, {a->dw2, wb * S * H * F},
+             {s->ffn_bias ? a->db1p : NULL, 4 * S * 2 * F}, {s->ffn_bias ? a->db2 : NULL, 4 * S * H},
+             {s->shared.ffn && s->shared.gate == MOE_SHARED_GATE_SIGMOID ? a->d_shared_gate : NULL, 4 * H},
+             {s->router.expert_scale ? a->d_expert_scale : NULL, 4 * E}};
     for (size_t i = 0; i < sizeof g / sizeof g[0]; i++)
         if (g[i].ptr)
-            CU_CHECK(moe_cu.cuMemsetD32Async((CUdeviceptr)(uintptr_t)g[i].ptr, 0, g[i].n, st));
+            CU_CHECK(moe_cu.cuMemsetD32Async((CUdeviceptr)(uintptr_t)g[i].ptr, 0, g[i].bytes / 4, st));
     return MOE_OK;
 }
 
@@ -376,7 +378,7 @@ moe_status moe_ep_bwd_step(const moe_plan *p, const moe_backward_args *a, CUstre
 
 /* ---- the plain layout of a packed gradient -------------------------------- */
 
-moe_status moe_plan_unpack_grad(const moe_plan *p, moe_tensor tensor, const float *src, float *dst, int count,
+moe_status moe_plan_unpack_grad(const moe_plan *p, moe_tensor tensor, const void *src, void *dst, int count,
                                 void *stream) {
     if (!p || !src || !dst)
         return moe_fail(MOE_ERR_INVALID_ARG, "moe_plan_unpack_grad: NULL argument");
@@ -391,8 +393,9 @@ moe_status moe_plan_unpack_grad(const moe_plan *p, moe_tensor tensor, const floa
                         count, p->launcher.slots);
     const moe_spec_t *s = &p->pd.spec;
     long long cols = tensor == MOE_TENSOR_W1 ? s->hidden : 1, n = (long long)count * 2 * s->ffn * cols;
+    const long long eb = tensor == MOE_TENSOR_W1 ? moe_wgrad_elem_bytes(s) : 4; /* dw1p fp32 or the dtype */
     const char *lo = (const char *)src, *hi = (const char *)dst;
-    if (lo < hi ? lo + 4 * n > hi : hi + 4 * n > lo)
+    if (lo < hi ? lo + eb * n > hi : hi + eb * n > lo)
         return moe_fail(MOE_ERR_INVALID_ARG, "moe_plan_unpack_grad: dst overlaps src");
     moe_status rc = set_ctx(p);
     if (rc)

@@ -49,8 +49,13 @@ moe_status moe_fsdp_grads(const moe_ep_t *ep, const moe_launcher_t *l, const moe
     char why[256];
     if (moe_fsdp_grad_parts(ep->mp, s, ep->rank, parts, why, sizeof why))
         return moe_fail(MOE_ERR_UNSUPPORTED, "moe_reduce_scatter_grads: %s", why);
-    float *src[MOE_GRAD_TENSORS] = {a->held_dw1p, a->held_db1p, a->held_dw2, a->held_db2};
-    float *dst[MOE_GRAD_TENSORS] = {a->dw1p, a->db1p, a->dw2, a->db2};
+    char *src[MOE_GRAD_TENSORS] = {a->held_dw1p, (char *)a->held_db1p, a->held_dw2, (char *)a->held_db2};
+    char *dst[MOE_GRAD_TENSORS] = {a->dw1p, (char *)a->db1p, a->dw2, (char *)a->db2};
+    /* element bytes and NCCL type of each tensor: the weights' (spec weight_grads), the biases fp32 */
+    const int wb = moe_wgrad_elem_bytes(s);
+    const size_t eb[MOE_GRAD_TENSORS] = {(size_t)wb, 4, (size_t)wb, 4};
+    const ncclDataType_t wt = wb == 4 ? ncclFloat32 : s->dtype == MOE_DTYPE_BF16 ? ncclBfloat16 : ncclFloat16;
+    const ncclDataType_t nt[MOE_GRAD_TENSORS] = {wt, ncclFloat32, wt, ncclFloat32};
     const int me = ep->me->fsdp_rank, acc = a->accumulate != 0;
     int collective = 0;
     if (a->accumulate != 0 && a->accumulate != 1)
@@ -63,11 +68,10 @@ moe_status moe_fsdp_grads(const moe_ep_t *ep, const moe_launcher_t *l, const moe
             continue;
         if (!src[i] || !dst[i])
             return moe_fail(MOE_ERR_INVALID_ARG, "moe_reduce_scatter_grads: %s (held_%s or %s) is NULL", t, t, t);
-        const size_t nb = 4 * (size_t)p->count;
-        const int in_place = !acc && p->op == MOE_GRAD_REDUCE_SCATTER && dst[i] == src[i] + p->count * me;
-        if (acc ? overlap(dst[i], nb, src[i], 4 * (size_t)p->held)
-                : !in_place && !(dst[i] == src[i] && p->op != MOE_GRAD_REDUCE_SCATTER) &&
-                      overlap(dst[i], nb, src[i], 4 * (size_t)p->held))
+        const size_t nb = eb[i] * (size_t)p->count, hb = eb[i] * (size_t)p->held;
+        const int in_place = !acc && p->op == MOE_GRAD_REDUCE_SCATTER && dst[i] == src[i] + nb * me;
+        if (acc ? overlap(dst[i], nb, src[i], hb)
+                : !in_place && !(dst[i] == src[i] && p->op != MOE_GRAD_REDUCE_SCATTER) && overlap(dst[i], nb, src[i], hb))
             return moe_fail(MOE_ERR_INVALID_ARG, "moe_reduce_scatter_grads: %s overlaps held_%s (%s)", t, t,
                             acc ? "with accumulate = 1 they must not overlap at all"
                                 : p->op == MOE_GRAD_REDUCE_SCATTER ? "only the in-place reduce-scatter may: "
@@ -83,7 +87,7 @@ moe_status moe_fsdp_grads(const moe_ep_t *ep, const moe_launcher_t *l, const moe
     for (int i = 0; i < MOE_GRAD_TENSORS && !acc; i++) /* the copies: they join no NCCL group */
         if (parts[i].op == MOE_GRAD_COPY && dst[i] != src[i])
             CU_CHECK(moe_cu.cuMemcpyDtoDAsync((CUdeviceptr)(uintptr_t)dst[i], (CUdeviceptr)(uintptr_t)src[i],
-                                              4 * (size_t)parts[i].count, st));
+                                              eb[i] * (size_t)parts[i].count, st));
     /* the sums: into the stored buffers, or with accumulate in place in the held ones */
     if (collective) {
         ncclResult_t r = moe_nccl.ncclGroupStart();
@@ -92,12 +96,12 @@ moe_status moe_fsdp_grads(const moe_ep_t *ep, const moe_launcher_t *l, const moe
             const int rs = p->op == MOE_GRAD_REDUCE_SCATTER;
             if (p->op != MOE_GRAD_REDUCE_SCATTER && p->op != MOE_GRAD_ALL_REDUCE)
                 continue;
-            float *out = acc ? src[i] + (rs ? p->count * me : 0) : dst[i];
-            r = rs ? moe_nccl.ncclReduceScatter(src[i], out, (size_t)p->count, ncclFloat32, ncclSum, ep->fsdp_comm, st)
-                   : moe_nccl.ncclAllReduce(src[i], out, (size_t)p->count, ncclFloat32, ncclSum, ep->fsdp_comm, st);
+            char *out = acc ? src[i] + (rs ? eb[i] * (size_t)p->count * me : 0) : dst[i];
+            r = rs ? moe_nccl.ncclReduceScatter(src[i], out, (size_t)p->count, nt[i], ncclSum, ep->fsdp_comm, st)
+                   : moe_nccl.ncclAllReduce(src[i], out, (size_t)p->count, nt[i], ncclSum, ep->fsdp_comm, st);
             if (r != ncclSuccess) {
                 moe_nccl.ncclGroupEnd();
-                return moe_fail(MOE_ERR_NCCL, "%s of %s (%lld floats) over the FSDP group: %s",
+                return moe_fail(MOE_ERR_NCCL, "%s of %s (%lld elements) over the FSDP group: %s",
                                 rs ? "ncclReduceScatter" : "ncclAllReduce", moe_grad_tensor_names[i], p->count,
                                 moe_nccl_error_string(r));
             }
@@ -109,9 +113,10 @@ moe_status moe_fsdp_grads(const moe_ep_t *ep, const moe_launcher_t *l, const moe
         const moe_grad_part_t *p = &parts[i];
         if (p->op == MOE_GRAD_NONE)
             continue;
-        const float *sum = src[i] + (p->op == MOE_GRAD_REDUCE_SCATTER ? p->count * me : 0);
+        const char *sum = src[i] + (p->op == MOE_GRAD_REDUCE_SCATTER ? eb[i] * (size_t)p->count * me : 0);
         long long n = p->count;
-        void *args[] = {(void *)&sum, (void *)&dst[i], &n};
+        int half = eb[i] == 2;
+        void *args[] = {(void *)&sum, (void *)&dst[i], &n, &half};
         moe_status rc = moe_launch_kernel(l, MOE_K_BWD_ACCUM, 0, n, st, args, NULL);
         if (rc)
             return rc;

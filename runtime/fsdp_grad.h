@@ -27,8 +27,8 @@ typedef enum {
 typedef struct {
     moe_grad_op_t op;
     int group;                   /* FSDP ranks summed over (1 for COPY) */
-    long long count;             /* fp32 elements this rank ends with: its stored experts' gradient */
-    long long held;              /* fp32 elements of the held gradient it starts from */
+    long long count;             /* elements this rank ends with: its stored experts' gradient */
+    long long held;              /* elements of the held gradient it starts from */
 } moe_grad_part_t;
 
 /* The four tensors' parts of rank `rank` of mesh plan mp for spec s (0

@@ -51,25 +51,30 @@ static moe_status gemm_maps(const moe_launcher_t *l, const moe_kernel_desc_t *d,
     return MOE_OK;
 }
 
-/* The sm_90a wgrad's output: a 3D tensor map over out [slots][M][N] fp32
- * (moe_bgemm_mn's M and N; slots = the launcher's), boxes of 32 columns x bm
- * rows of one slot in the 128-byte swizzle, which the kernel stores from
- * shared memory (TMA clips rows past M and columns past N). */
+/* The sm_90a wgrad's output: a 3D tensor map over out [slots][M][N] of
+ * fp32 or the dtype (spec weight_grads; moe_bgemm_mn's M and N; slots = the
+ * launcher's), boxes of 128 bytes (32 or 64 columns) x bm rows of one slot
+ * in the 128-byte swizzle, which the kernel stores from shared memory (TMA
+ * clips rows past M and columns past N). */
 static moe_status wgrad_out_map(const moe_launcher_t *l, const moe_kernel_desc_t *d, int k, CUdeviceptr out,
                                 CUtensorMap *mo) {
+    const moe_spec_t *s = &l->pd->spec;
     long long M, N;
-    moe_bgemm_mn((moe_kfamily_t)k, l->pd->spec.hidden, l->pd->spec.ffn, &M, &N);
+    moe_bgemm_mn((moe_kfamily_t)k, s->hidden, s->ffn, &M, &N);
+    const int eb = moe_wgrad_elem_bytes(s);
+    const CUtensorMapDataType type = eb == 4 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
+                                   : s->dtype == MOE_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                                : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
     const cuuint64_t dim[3] = {(cuuint64_t)N, (cuuint64_t)M, (cuuint64_t)(l->slots > 0 ? l->slots : 1)};
-    const cuuint64_t stride[2] = {(cuuint64_t)N * 4, (cuuint64_t)(M * N) * 4};
-    const cuuint32_t box[3] = {32, (cuuint32_t)d->tile.bm, 1}, estride[3] = {1, 1, 1};
-    CUresult r = moe_cu.cuTensorMapEncodeTiled(mo, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, (void *)(uintptr_t)out, dim,
-                                               stride, box, estride, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                               CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_NONE,
-                                               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    const cuuint64_t stride[2] = {(cuuint64_t)N * eb, (cuuint64_t)(M * N) * eb};
+    const cuuint32_t box[3] = {(cuuint32_t)(128 / eb), (cuuint32_t)d->tile.bm, 1}, estride[3] = {1, 1, 1};
+    CUresult r = moe_cu.cuTensorMapEncodeTiled(mo, type, 3, (void *)(uintptr_t)out, dim, stride, box, estride,
+                                               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                               CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS)
-        return moe_fail(MOE_ERR_CUDA, "cuTensorMapEncodeTiled (%s out, %lld slots of %lld x %lld fp32 at %p; "
-                        "16-byte aligned?): %s", d->name, (long long)dim[2], M, N, (void *)(uintptr_t)out,
-                        moe_cu_error_string(r));
+        return moe_fail(MOE_ERR_CUDA, "cuTensorMapEncodeTiled (%s out, %lld slots of %lld x %lld %s at %p; "
+                        "16-byte aligned?): %s", d->name, (long long)dim[2], M, N,
+                        eb == 4 ? "fp32" : moe_dtype_name(s->dtype), (void *)(uintptr_t)out, moe_cu_error_string(r));
     return MOE_OK;
 }
 

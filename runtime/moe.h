@@ -388,9 +388,10 @@ typedef struct {
  *   d_router_w   fp32 [E, H]
  *   d_logit_bias fp32 [E]          spec router.logit_bias (else NULL)
  *   dw1p         fp32 [S, 2F, H]   in w1p's packed row order (moe_plan_unpack_grad
- *                                  gives the plain [S, 2F, H] layout)
+ *                                  gives the plain [S, 2F, H] layout); dtype with
+ *                                  spec weight_grads = "dtype"
  *   db1p         fp32 [S, 2F]      packed like b1p; spec ffn_bias (else NULL)
- *   dw2          fp32 [S, H, F]
+ *   dw2          fp32 [S, H, F]    dtype with spec weight_grads = "dtype"
  *   db2          fp32 [S, H]       spec ffn_bias (else NULL)
  *   d_shared_gate fp32 [H]         spec shared.gate = "sigmoid" (else NULL)
  *   d_router_x   [tokens, H] dtype spec router.input = "separate" (else NULL): the
@@ -403,7 +404,9 @@ typedef struct {
  * moe_plan_pack_shared splits the weights). The weight
  * gradients (all but dx) are written (accumulate = 0) or added into what
  * the buffers hold (accumulate = 1: gradient accumulation); a slot no token
- * chose gets zeros, or is left as it was. The routing choice is a constant
+ * chose gets zeros, or is left as it was. dw1p and dw2 are summed in fp32
+ * either way; in the dtype they are the sum rounded once (accumulate = 1:
+ * the old value plus the sum, rounded). The routing choice is a constant
  * (no gradient through the top-k selection; router.bias gets none).
  * router_x and router_expert_scale are the training forward's (spec
  * router.input = "separate", router.expert_scale; else ignored). */
@@ -418,7 +421,10 @@ typedef struct {
     int accumulate;
     void *dx;
     float *d_router_w, *d_logit_bias;
-    float *dw1p, *db1p, *dw2, *db2;
+    void *dw1p;                   /* fp32, or the dtype (spec weight_grads = "dtype") */
+    float *db1p;
+    void *dw2;                    /* as dw1p */
+    float *db2;
     const void *shared_gate;      /* spec shared.gate = "sigmoid": the training forward's w_gate [H] */
     float *d_shared_gate;
     const void *router_x;         /* spec router.input = "separate": the training forward's [tokens, H] */
@@ -462,13 +468,14 @@ moe_status moe_forward_train(const moe_plan *plan, const moe_train_forward_args 
 /* The backward of the training forward whose saved region args->saved is. */
 moe_status moe_backward(const moe_plan *plan, const moe_backward_args *args, void *stream);
 
-/* The plain layout of a packed fp32 gradient, on the device: tensor
+/* The plain layout of a packed gradient, on the device: tensor
  * MOE_TENSOR_W1 (src dw1p [count, 2F, H] packed -> dst [count, 2F, H], gate
- * rows 0..F-1 then up rows, MOE_LAYOUT_W1_FUSED's order) or MOE_TENSOR_B1
- * (db1p [count, 2F] -> [count, 2F]); count slots (1 .. every slot).
- * Enqueued on stream; dst must not overlap src. W2 and b2 gradients are in
- * the plain layout already. */
-moe_status moe_plan_unpack_grad(const moe_plan *plan, moe_tensor tensor, const float *src, float *dst, int count,
+ * rows 0..F-1 then up rows, MOE_LAYOUT_W1_FUSED's order; fp32, or the dtype
+ * with spec weight_grads = "dtype") or MOE_TENSOR_B1 (db1p [count, 2F] ->
+ * [count, 2F], fp32); count slots (1 .. every slot). Enqueued on stream; dst
+ * must not overlap src. W2 and b2 gradients are in the plain layout
+ * already. */
+moe_status moe_plan_unpack_grad(const moe_plan *plan, moe_tensor tensor, const void *src, void *dst, int count,
                                 void *stream);
 
 /* Gather this rank's held expert weights over its FSDP group (an NCCL
@@ -481,7 +488,8 @@ moe_status moe_gather_weights(const moe_plan *plan, const moe_gather_args *args,
 
 /* The counterpart of moe_gather_weights for training on a mesh with
  * fsdp (with or without ep): after moe_backward has written this rank's weight
- * gradients of the held experts it ran (fp32, moe_backward's layouts), sum
+ * gradients of the held experts it ran (moe_backward's types and layouts: dw1p
+ * and dw2 fp32 or, with spec weight_grads = "dtype", the dtype), sum
  * them over the FSDP group and leave each rank with the summed gradients
  * of the experts it stores, in its stored layout (dw1p [stored, 2F, H]
  * packed, db1p [stored, 2F], dw2 [stored, H, F], db2 [stored, H]).
@@ -499,11 +507,20 @@ moe_status moe_gather_weights(const moe_plan *plan, const moe_gather_args *args,
  * (gradient accumulation, as moe_backward's accumulate): the collectives
  * then run in place in the held buffers, whose contents are spent (the
  * held gradients of an FSDP step are anyway), and the stored buffers
- * must not overlap them at all. MOE_ERR_UNSUPPORTED for a plan without
- * training = true. */
+ * must not overlap them at all. dw1p and dw2 in the dtype (spec
+ * weight_grads = "dtype") are summed by NCCL in the dtype (rounded at each
+ * step, as a framework's bf16 gradient reduction is), the accumulate's add
+ * in fp32 then rounded. MOE_ERR_UNSUPPORTED for a plan without training =
+ * true. */
 typedef struct {
-    float *held_dw1p, *held_db1p, *held_dw2, *held_db2;   /* moe_backward's dw1p, db1p, dw2, db2 [held, ...] */
-    float *dw1p, *db1p, *dw2, *db2;                       /* out: [stored, ...] */
+    void *held_dw1p;                                      /* moe_backward's dw1p, db1p, dw2, db2 [held, ...] */
+    float *held_db1p;
+    void *held_dw2;
+    float *held_db2;
+    void *dw1p;                                           /* out: [stored, ...], the held ones' types */
+    float *db1p;
+    void *dw2;
+    float *db2;
     int accumulate;                                       /* 1: add into dw1p .. db2 (the held buffers are spent) */
 } moe_grad_scatter_args;
 

@@ -39,7 +39,8 @@ typedef enum {
     ncclRemoteError = 6,
     ncclInProgress = 7,
 } ncclResult_t;
-typedef enum { ncclInt8 = 0, ncclUint8 = 1, ncclFloat32 = 7 } ncclDataType_t; /* the ones libmoegen moves */
+typedef enum { ncclInt8 = 0, ncclUint8 = 1, ncclFloat16 = 6, ncclFloat32 = 7, ncclBfloat16 = 9 } ncclDataType_t;
+                                                         /* the ones libmoegen moves */
 typedef enum { ncclSum = 0, ncclMaxRedOp = 0x7fffffff } ncclRedOp_t;        /* the one it reduces with; int-sized */
 typedef struct moe_nccl_config ncclConfig_t;               /* passed as NULL only */
 struct CUstream_st;

@@ -17,8 +17,8 @@
 @ --           router.logit_bias, d logit_bias[e] (+)= Σ_t dlogits[t,e]
 @ --   colsum  out[slot, c] (+)= Σ over the slot's rows of src[row, c] (the
 @ --           bias gradients db1p from dU, db2 from dys)
-@ --   unpack  an fp32 packed dW1 / db1 to the plain row order
-@ --   accum   dst[i] += src[i], fp32 (moe_reduce_scatter_grads' accumulate)
+@ --   unpack  a packed dW1 (fp32 or the dtype) / db1 (fp32) to the plain row order
+@ --   accum   dst[i] += src[i], fp32 or the dtype (moe_reduce_scatter_grads' accumulate)
 @ --   slot_rows  an EP rank's rows per held slot, from its receive layout's
 @ --           chunk rows (the EP backward's counts; runtime/ep_bwd.c)
 @ --   escale  d expert_scale[e] (+)= Σ over the routed entries of expert e of
@@ -904,13 +904,13 @@ ${p.escale_kernel}(const float *__restrict__ part, const int *__restrict__ topk_
         des[e] = beta ? des[e] + s_sum[0] : s_sum[0];
 }
 
-/* The plain layout of an fp32 packed W1 (tensor MOE_PACK_W1: [count, 2F, H])
- * or b1 (MOE_PACK_B1: [count, 2F]) gradient: plain row r of slot e is packed
- * row moe_pack_row(r, F) (gen/pack_geom.h). One thread per element,
- * grid-stride. */
-extern "C" __global__ void __launch_bounds__(${p.unpack_threads})
-${p.unpack_kernel}(int tensor, const float *__restrict__ src, float *__restrict__ dst, long long count) {
-    moe_pdl_begin();
+/* The plain layout of a packed W1 (tensor MOE_PACK_W1: [count, 2F, H], of
+ * the weight gradients' type: ${p.grad_dtype}) or b1 (MOE_PACK_B1: [count,
+ * 2F], fp32) gradient: plain row r of slot e is packed row moe_pack_row(r,
+ * F) (gen/pack_geom.h). One thread per element, grid-stride. */
+template <typename T>
+static __device__ __forceinline__ void unpack_rows(int tensor, const T *__restrict__ src, T *__restrict__ dst,
+                                                   long long count) {
     using namespace ${ns};
     const long long C = tensor == MOE_PACK_W1 ? H : 1, per = 2LL * F * C, total = count * per;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
@@ -920,14 +920,31 @@ ${p.unpack_kernel}(int tensor, const float *__restrict__ src, float *__restrict_
     }
 }
 
-/* dst[i] += src[i] over n fp32 elements: a reduced gradient added into the
- * caller's (moe_reduce_scatter_grads with accumulate). One thread per
- * element, grid-stride. */
+extern "C" __global__ void __launch_bounds__(${p.unpack_threads})
+${p.unpack_kernel}(int tensor, const void *__restrict__ src, void *__restrict__ dst, long long count) {
+    moe_pdl_begin();
+@ if p.grad_dtype ~= "fp32" then
+    if (tensor == MOE_PACK_W1) {
+        unpack_rows(tensor, (const moe_half_t *)src, (moe_half_t *)dst, count);
+        return;
+    }
+@ end
+    unpack_rows(tensor, (const float *)src, (float *)dst, count);
+}
+
+/* dst[i] += src[i] over n elements, fp32 (half = 0) or the dtype (half = 1:
+ * summed in fp32, rounded once): a reduced gradient added into the caller's
+ * (moe_reduce_scatter_grads with accumulate). One thread per element,
+ * grid-stride. */
 extern "C" __global__ void __launch_bounds__(${p.accum_threads})
-${p.accum_kernel}(const float *__restrict__ src, float *__restrict__ dst, long long n) {
+${p.accum_kernel}(const void *__restrict__ src, void *__restrict__ dst, long long n, int half) {
     moe_pdl_begin();
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
-        dst[i] += src[i];
+        if (half)
+            ((moe_half_t *)dst)[i] = moe_from_float(moe_to_float(((const moe_half_t *)dst)[i]) +
+                                                    moe_to_float(((const moe_half_t *)src)[i]));
+        else
+            ((float *)dst)[i] += ((const float *)src)[i];
 }
 
 /* An expert-parallel rank's rows per held slot: out[j] = Σ_s chunk_rows[s·S + j]

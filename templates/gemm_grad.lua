@@ -7,8 +7,8 @@
 @ --   dgrad_down  dU [rows, 2F] = act'(Ur) . (dys [rows, H] . W2[slot] [H, F]),
 @ --               the activation backward in the epilogue (dA stays in registers)
 @ --   dgrad_up    dXs [rows, H] = dU [rows, 2F] . W1p[slot] [2F, H]
-@ --   wgrad_up    dW1p[slot] [2F, H] (+)= dU_gᵀ . xs_g      (fp32, K = slot g's rows)
-@ --   wgrad_down  dW2[slot]  [H, F]  (+)= dys_gᵀ . A_g      (fp32)
+@ --   wgrad_up    dW1p[slot] [2F, H] (+)= dU_gᵀ . xs_g      (fp32 or p.grad_dtype, K = slot g's rows)
+@ --   wgrad_down  dW2[slot]  [H, F]  (+)= dys_gᵀ . A_g      (fp32 or p.grad_dtype)
 @ --
 @ -- Operand layouts: B is N-major in every kind (the weights [K, N] of the
 @ -- dgrads; the rows [K = rows, N] of the wgrads), so its smem tile is
@@ -50,6 +50,11 @@
 @ need(H % 8 == 0 and F % 8 == 0, "H and F must be multiples of 8 (16-byte copies)")
 @ need(kind ~= "dgrad_down" or p.pair_granule % 2 == 0, "the activation backward reads gate/up column pairs")
 @ local ptx = ({ bf16 = "bf16", fp16 = "f16" })[p.dtype] or error(p.kernel .. ": unknown dtype " .. tostring(p.dtype))
+@ -- the wgrads' output type (spec weight_grads): fp32, or the dtype (the fp32 sum rounded once, or old + sum rounded)
+@ need(p.grad_dtype == nil or p.grad_dtype == "fp32" or p.grad_dtype == p.dtype,
+@      "grad_dtype must be fp32 or the dtype, not " .. tostring(p.grad_dtype))
+@ local grad_half = wgrad and p.grad_dtype ~= nil and p.grad_dtype ~= "fp32"
+@ local out_t = grad_half and "moe_half_t" or "float"
 @ local act
 namespace ${p.kernel}_impl {
 constexpr int BM = ${t.bm}, BN = ${t.bn}, BK = ${t.bk}, STAGES = ${t.stages};
@@ -248,7 +253,7 @@ ${p.kernel}(const moe_half_t *__restrict__ du, const moe_half_t *__restrict__ w1
  * its out). */
 extern "C" __global__ void __launch_bounds__(${p.threads})
 ${p.kernel}(const moe_half_t *__restrict__ a, const moe_half_t *__restrict__ b, const int *__restrict__ offsets,
-            const int *__restrict__ counts, const int *__restrict__ slot_of, float *__restrict__ out, int beta,
+            const int *__restrict__ counts, const int *__restrict__ slot_of, ${out_t} *__restrict__ out, int beta,
             int nslots) {
     moe_pdl_begin();
     using namespace ${p.kernel}_impl;
@@ -290,7 +295,7 @@ ${p.kernel}(const moe_half_t *__restrict__ a, const moe_half_t *__restrict__ b, 
                  rows, true);
 
     /* fragment (mi, ni): rows m, m + 8 and columns n, n + 1 of the output */
-    float *__restrict__ o = out + (long long)slot_of[gi] * ((long long)M * N);
+    ${out_t} *__restrict__ o = out + (long long)slot_of[gi] * ((long long)M * N);
 #pragma unroll
     for (int ni = 0; ni < NI; ++ni) {
         const int n = n0 + wn * WTN + ni * 8 + 2 * t;
@@ -303,6 +308,16 @@ ${p.kernel}(const moe_half_t *__restrict__ a, const moe_half_t *__restrict__ b, 
                 const int m = m0 + wm * WTM + mi * 16 + g + 8 * h;
                 if (m >= M)
                     continue;
+@   if grad_half then
+                unsigned *p = (unsigned *)(o + ((long long)m * N + n));
+                float v0 = acc[mi][ni][2 * h], v1 = acc[mi][ni][2 * h + 1];
+                if (beta) {
+                    const unsigned old = *p;
+                    v0 += moe_lo_float(old);
+                    v1 += moe_hi_float(old);
+                }
+                *p = moe_pack2(v0, v1);
+@   else
                 float2 *p = (float2 *)(o + ((long long)m * N + n));
                 float2 v = make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
                 if (beta) {
@@ -311,6 +326,7 @@ ${p.kernel}(const moe_half_t *__restrict__ a, const moe_half_t *__restrict__ b, 
                     v.y += old.y;
                 }
                 *p = v;
+@   end
             }
     }
 }

@@ -173,6 +173,10 @@
 @     c.K, c.N, c.a_mn, c.b_mn, c.wgrad = 0, kind == "wgrad_up" and p.H or p.F, true, true, true
 @     c.bno, c.nout = c.bn, c.N
 @     need(c.bm % 64 == 0 and c.M % 8 == 0, "A M-major: bm a multiple of 64, M of 8")
+@     -- the gradient's type (spec weight_grads): fp32, or the dtype (2-byte elements, boxes of 64 columns)
+@     need(p.grad_dtype == nil or p.grad_dtype == "fp32" or p.grad_dtype == p.dtype,
+@          "grad_dtype must be fp32 or the dtype, not " .. tostring(p.grad_dtype))
+@     c.grad_half = p.grad_dtype ~= nil and p.grad_dtype ~= "fp32"
 @   else
 @     c.K, c.N, c.bno, c.nout = p.F, p.H, c.bn, p.H
 @   end
@@ -324,15 +328,18 @@ constexpr int BAR_OFF = RING + 2 * EPI_BYTES;  /* full[STAGES], then empty[STAGE
 constexpr int ORDER_BAR = 2;  /* named barriers ORDER_BAR + w: warpgroup w may start its next main loop */
 constexpr int EPI_BAR = 4;    /* named barriers EPI_BAR + w: warpgroup w's own (its staging passes) */
 @ elseif c.wgrad then
-/* the wgrad's fp32 output tile, staged in EPI_PASSES passes of PASS_COLS
- * columns: PASS_COLS / 32 boxes of BM rows x 32 columns in the 128-byte
- * swizzle, which TMA stores (the last pass while the next tile's main loop
- * runs) */
+/* the wgrad's output tile (${c.grad_half and "the dtype" or "fp32"}), staged in EPI_PASSES passes of
+ * PASS_COLS columns: PASS_COLS / OUT_COLS boxes of BM rows x OUT_COLS
+ * columns (128 bytes) in the 128-byte swizzle, which TMA stores (the last
+ * pass while the next tile's main loop runs) */
 constexpr int EPI_PASSES = 2, PASS_COLS = BN / EPI_PASSES;
+constexpr bool OUT_HALF = ${c.grad_half and "true" or "false"};  /* 2-byte gradient elements */
+constexpr int OUT_COLS = OUT_HALF ? 64 : 32;                     /* columns of a 128-byte box row */
 constexpr int OUT_BOX = BM * 128;
 constexpr int EPI_OFF = RING;
-constexpr int BAR_OFF = RING + PASS_COLS / 32 * OUT_BOX;  /* full[STAGES], then empty[STAGES] */
-static_assert(PASS_COLS % 32 == 0 && EPI_PASSES == 2, "whole 32-column boxes per pass; the epilogue stages passes 0 and 1");
+constexpr int BAR_OFF = RING + PASS_COLS / OUT_COLS * OUT_BOX;  /* full[STAGES], then empty[STAGES] */
+static_assert(PASS_COLS % OUT_COLS == 0 && EPI_PASSES == 2,
+              "whole 128-byte boxes per pass; the epilogue stages passes 0 and 1");
 @ else
 constexpr int EPI_OFF = PERSISTENT ? RING : 0;
 constexpr int BAR_OFF = PERSISTENT ? RING + (BM * LDC * 2 + 15) / 16 * 16 : RING;  /* full[STAGES], then empty[STAGES] */
@@ -1697,9 +1704,11 @@ static __device__ __forceinline__ void wgrad_tile(int lin, int &gi, int &m0, int
 }
 /* Stage pass P of consumer warpgroup cw's accumulators (rows cw * WG_ROWS
  * + m * 64 + 16w + g + 8h, columns 8j + 2q, + 1 of the tile, j the pass's
- * n8 blocks) in the output boxes at EPI_OFF: box (j % JP) / 4, row r, the
- * 16-byte chunk 2 (j % 4) + q / 2 at chunk position ^ (r % 8) (the
- * 128-byte swizzle TMA reads). */
+ * n8 blocks) in the output boxes at EPI_OFF, row r of a box at the 16-byte
+ * chunk position ^ (r % 8) (the 128-byte swizzle TMA reads): fp32 in box
+ * (j % JP) / 4, chunk 2 (j % 4) + q / 2, byte (q % 2) * 8; 2-byte elements
+ * (the pair rounded to the dtype) in box (j % JP) / 8, chunk j % 8, byte
+ * 4q. */
 template <int P>
 static __device__ __forceinline__ void stage_out(const float (&acc)[WM][NACC], unsigned sbase, int cw, int w, int g,
                                                  int q) {
@@ -1711,10 +1720,16 @@ static __device__ __forceinline__ void stage_out(const float (&acc)[WM][NACC], u
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const int r = cw * WG_ROWS + m * 64 + w * 16 + g + 8 * h;
+                const float v0 = acc[m][4 * j + 2 * h], v1 = acc[m][4 * j + 2 * h + 1];
+@   if c.grad_half then
+                const unsigned a = sbase + EPI_OFF + (unsigned)(((j % JP) >> 3) * OUT_BOX + r * 128 +
+                                                                (((j & 7) ^ (r & 7)) << 4) + q * 4);
+                asm volatile("st.shared.b32 [%0], %1;\n" :: "r"(a), "r"(moe_pack2(v0, v1)) : "memory");
+@   else
                 const unsigned a = sbase + EPI_OFF + (unsigned)(((j % JP) >> 2) * OUT_BOX + r * 128 +
                                                                 (((2 * (j & 3) + (q >> 1)) ^ (r & 7)) << 4) + (q & 1) * 8);
-                asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n"
-                             :: "r"(a), "f"(acc[m][4 * j + 2 * h]), "f"(acc[m][4 * j + 2 * h + 1]) : "memory");
+                asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" :: "r"(a), "f"(v0), "f"(v1) : "memory");
+@   end
             }
 }
 /* One thread: the staged pass to slot `slot`'s rows m0.., columns n0.. of
@@ -1723,16 +1738,16 @@ static __device__ __forceinline__ void stage_out(const float (&acc)[WM][NACC], u
 static __device__ __forceinline__ void store_out(const moe_tmap_t *map, unsigned sbase, int slot, int m0, int n0,
                                                  int beta) {
 #pragma unroll
-    for (int b = 0; b < PASS_COLS / 32; ++b) {
-        if (N_TAIL && n0 + 32 * b >= N)
+    for (int b = 0; b < PASS_COLS / OUT_COLS; ++b) {
+        if (N_TAIL && n0 + OUT_COLS * b >= N)
             break;
         const unsigned src = sbase + EPI_OFF + (unsigned)(b * OUT_BOX);
         if (beta)
             asm volatile("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2, %3}], [%4];\n"
-                         :: "l"((unsigned long long)map), "r"(n0 + 32 * b), "r"(m0), "r"(slot), "r"(src) : "memory");
+                         :: "l"((unsigned long long)map), "r"(n0 + OUT_COLS * b), "r"(m0), "r"(slot), "r"(src) : "memory");
         else
             asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.tile.bulk_group [%0, {%1, %2, %3}], [%4];\n"
-                         :: "l"((unsigned long long)map), "r"(n0 + 32 * b), "r"(m0), "r"(slot), "r"(src) : "memory");
+                         :: "l"((unsigned long long)map), "r"(n0 + OUT_COLS * b), "r"(m0), "r"(slot), "r"(src) : "memory");
     }
     asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
 }

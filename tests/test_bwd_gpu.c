@@ -23,7 +23,8 @@
  * fp16 (logit_bias, expert biases, clamped SwiGLU); sigmoid, grouped routing
  * with a selection bias and scale; router.apply = "input" with biases and the
  * clamp; a sigmoid-gated shared expert of two slots; and forward + backward
- * captured in one CUDA graph, replayed on new x and dy. Then every
+ * captured in one CUDA graph, replayed on new x and dy; the weight
+ * gradients in the dtype (weight_grads = "dtype", bf16 and fp16). Then every
  * one-device example spec (the .moe files of examples/specs) as a training spec at
  * 1, 77 and 300 tokens: its own experts, top_k, router, activation, biases,
  * dtype and shared expert (the same number of shared slots), with hidden =
@@ -115,6 +116,10 @@ static const bwd_case_t cases[] = {
     /* relu2: dgrad_down's gradient 2 relu(gate) on the gate columns, 0 on the unused up columns */
     {"tests/specs/train_relu2.moe", {3, 600}, 2, 0, 0, 1, NULL, 0},
     {"tests/specs/train_relu2.moe", {600}, 1, 1, 1, 0, NULL, 0},
+    /* weight_grads = "dtype": dw1p and dw2 written (and accumulated) in bf16 / fp16 */
+    {"tests/specs/train_softmax_hgrad.moe", {1, 37, 700}, 3, 0, 0, 1, NULL, 0},
+    {"tests/specs/train_softmax_hgrad.moe", {256}, 1, 1, 1, 1, NULL, 0},
+    {"tests/specs/train_gptoss_hgrad.moe", {3, 333}, 2, 0, 0, 1, NULL, 0},
 };
 
 /* ---- helpers ---------------------------------------------------------------- */
@@ -206,6 +211,36 @@ typedef struct {
     CUdeviceptr gdx, gdwr, gdlb, gdw1p, gdb1p, gdw2, gdb2, pw1, pb1;
     size_t ws_bytes, saved_bytes, bws_bytes;
 } layer_t;
+
+/* Bytes of an element of L's weight gradients dw1p and dw2 (spec
+ * weight_grads: 4, fp32; 2, the dtype); the other gradients are fp32. */
+static size_t wg_bytes(const layer_t *L) {
+    return (size_t)moe_wgrad_elem_bytes(&L->s);
+}
+
+/* n elements of eb bytes each (4: fp32; 2: L's dtype) at d, as floats. */
+static int down_f(const layer_t *L, size_t eb, float *out, CUdeviceptr d, size_t n) {
+    if (eb == 4)
+        return down(out, d, 4 * n);
+    uint16_t *h = malloc(2 * n + 2);
+    int ok = h && down(h, d, 2 * n);
+    for (size_t i = 0; ok && i < n; i++)
+        out[i] = moe_half_to_float(h[i], L->s.dtype);
+    free(h);
+    return ok;
+}
+
+/* n floats to d as elements of eb bytes (2: rounded to L's dtype). */
+static int up_f(const layer_t *L, size_t eb, CUdeviceptr d, const float *in, size_t n) {
+    if (eb == 4)
+        return up(d, in, 4 * n);
+    uint16_t *h = malloc(2 * n + 2);
+    for (size_t i = 0; h && i < n; i++)
+        h[i] = moe_float_to_half(in[i], L->s.dtype);
+    int ok = h && up(d, h, 2 * n);
+    free(h);
+    return ok;
+}
 
 static void layer_free(layer_t *L) {
     free(L->x); free(L->wr); free(L->w1); free(L->w1p); free(L->w2); free(L->b1); free(L->b1p); free(L->b2);
@@ -335,8 +370,8 @@ static moe_backward_args bwd_args(const layer_t *L, int T, int recompute, int ac
         .router_w = (void *)L->dwr, .w1p = (void *)L->dw1p, .b1p = L->s.ffn_bias ? (void *)L->db1p : NULL,
         .w2 = (void *)L->dw2, .b2 = L->s.ffn_bias ? (void *)L->db2 : NULL, .dy = (void *)L->ddy,
         .workspace = (void *)L->bws, .accumulate = accumulate, .dx = (void *)L->gdx, .d_router_w = (float *)L->gdwr,
-        .d_logit_bias = L->s.router.logit_bias ? (float *)L->gdlb : NULL, .dw1p = (float *)L->gdw1p,
-        .db1p = L->s.ffn_bias ? (float *)L->gdb1p : NULL, .dw2 = (float *)L->gdw2,
+        .d_logit_bias = L->s.router.logit_bias ? (float *)L->gdlb : NULL, .dw1p = (void *)L->gdw1p,
+        .db1p = L->s.ffn_bias ? (float *)L->gdb1p : NULL, .dw2 = (void *)L->gdw2,
         .db2 = L->s.ffn_bias ? (float *)L->gdb2 : NULL, .shared_gate = (void *)L->dwsg,
         .d_shared_gate = (float *)L->gdsg, .router_x = (void *)L->drx, .router_expert_scale = (const float *)L->des,
         .d_router_x = (void *)L->gdrx, .d_expert_scale = (float *)L->gdes};
@@ -460,21 +495,23 @@ static void check_rows(const char *what, const layer_t *L, int T, const int *row
 
 /* ---- one (case, tokens) ----------------------------------------------------- */
 
-/* The backward's fp32 weight gradients of layer L (d 0 where the spec has
- * none), n floats each: what accumulate = 1 adds into. */
+/* The backward's weight gradients of layer L (d 0 where the spec has
+ * none), n elements of eb bytes each (dw1p and dw2: wg_bytes; the others
+ * fp32): what accumulate = 1 adds into. */
 typedef struct {
     CUdeviceptr d;
-    size_t n;
+    size_t n, eb;
     const char *what;
 } grad_buf_t;
 enum { NWGRADS = 7 };
 static void weight_grads(const layer_t *L, grad_buf_t g[NWGRADS]) {
     const moe_spec_t *s = &L->s;
-    const size_t E = L->E, S = L->S, H = L->H, F = L->F;
+    const size_t E = L->E, S = L->S, H = L->H, F = L->F, wb = wg_bytes(L);
     const grad_buf_t all[NWGRADS] = {
-        {L->gdwr, E * H, "d router_w"}, {L->gdw1p, S * 2 * F * H, "dw1p"}, {L->gdw2, S * H * F, "dw2"},
-        {s->router.logit_bias ? L->gdlb : 0, E, "d logit_bias"}, {s->ffn_bias ? L->gdb1p : 0, E * 2 * F, "db1p"},
-        {s->ffn_bias ? L->gdb2 : 0, E * H, "db2"}, {moe_spec_router_columns(s) > (int)E ? L->gdsg : 0, H, "d w_gate"}};
+        {L->gdwr, E * H, 4, "d router_w"}, {L->gdw1p, S * 2 * F * H, wb, "dw1p"}, {L->gdw2, S * H * F, wb, "dw2"},
+        {s->router.logit_bias ? L->gdlb : 0, E, 4, "d logit_bias"},
+        {s->ffn_bias ? L->gdb1p : 0, E * 2 * F, 4, "db1p"}, {s->ffn_bias ? L->gdb2 : 0, E * H, 4, "db2"},
+        {moe_spec_router_columns(s) > (int)E ? L->gdsg : 0, H, 4, "d w_gate"}};
     memcpy(g, all, sizeof all);
 }
 
@@ -490,16 +527,16 @@ static void check_recompute_same(const layer_t *L, int T, const char *label) {
     char name[300];
     snprintf(name, sizeof name, "backward: %s/T%d, recompute_u = 1 on the saved rows: the same bits", label, T);
     CASE(name);
-    /* dx (2-byte elements: n counts fp32 words), then the weight gradients */
-    grad_buf_t gr[1 + NWGRADS] = {{L->gdx, (size_t)T * H / 2, "dx"}};
+    /* dx, then the weight gradients */
+    grad_buf_t gr[1 + NWGRADS] = {{L->gdx, (size_t)T * H, 2, "dx"}};
     weight_grads(L, gr + 1);
     enum { NG = 1 + NWGRADS };
     unsigned char *first[NG] = {0}, *again = NULL;
     int good = 1;
     for (int i = 0; i < NG && good; i++)
         if (gr[i].d)
-            good = (first[i] = malloc(4 * gr[i].n)) && down(first[i], gr[i].d, 4 * gr[i].n) &&
-                   cu_ok(moe_cu.cuMemsetD8(gr[i].d, 0xff, 4 * gr[i].n), "poison");
+            good = (first[i] = malloc(gr[i].eb * gr[i].n)) && down(first[i], gr[i].d, gr[i].eb * gr[i].n) &&
+                   cu_ok(moe_cu.cuMemsetD8(gr[i].d, 0xff, gr[i].eb * gr[i].n), "poison");
     good = good && cu_ok(moe_cu.cuMemsetD8(L->bws, 0xff, L->bws_bytes), "poison");
     moe_backward_args ba = bwd_args(L, T, 1, 0);
     moe_status rc = good ? moe_backward(L->plan, &ba, NULL) : MOE_ERR_CUDA;
@@ -518,8 +555,9 @@ static void check_recompute_same(const layer_t *L, int T, const char *label) {
         for (int i = 0; i < NG; i++) {
             if (!gr[i].d)
                 continue;
-            again = malloc(4 * gr[i].n);
-            CHECKF(again && down(again, gr[i].d, 4 * gr[i].n) && memcmp(again, first[i], 4 * gr[i].n) == 0,
+            again = malloc(gr[i].eb * gr[i].n);
+            CHECKF(again && down(again, gr[i].d, gr[i].eb * gr[i].n) &&
+                       memcmp(again, first[i], gr[i].eb * gr[i].n) == 0,
                    "%s differs between recompute_u = 0 and 1", gr[i].what);
             free(again);
         }
@@ -645,10 +683,10 @@ static void run_tokens(layer_t *L, const bwd_case_t *c, int T, uint64_t *rng, co
                 check_close("d expert_scale", g, rg.d_expert_scale, E, tol);
             if (s->router.logit_bias && down(g, L->gdlb, 4 * (size_t)E))
                 check_close("d logit_bias", g, rg.dlogit_bias, E, tol);
-            moe_status us = moe_plan_unpack_grad(L->plan, MOE_TENSOR_W1, (float *)L->gdw1p, (float *)L->pw1, S, NULL);
+            moe_status us = moe_plan_unpack_grad(L->plan, MOE_TENSOR_W1, (void *)L->gdw1p, (void *)L->pw1, S, NULL);
             CHECKF(us == MOE_OK, "moe_plan_unpack_grad: %s", moe_last_error());
             if (us == MOE_OK && cu_ok(moe_cu.cuCtxSynchronize(), "unpack") &&
-                down(g, L->pw1, 4 * (size_t)S * 2 * F * H)) {
+                down_f(L, wg_bytes(L), g, L->pw1, (size_t)S * 2 * F * H)) {
                 check_close("dW1 (dw1p unpacked)", g, rg.dw1, (size_t)E * 2 * F * H, tol);
                 if (FS) { /* the shared slots joined: slot j's plain row r is the unsplit row moe_plan_shared_w1_row */
                     float *j1 = malloc(4 * (size_t)2 * FS * H);
@@ -661,7 +699,7 @@ static void run_tokens(layer_t *L, const bwd_case_t *c, int T, uint64_t *rng, co
                     free(j1);
                 }
             }
-            if (down(g, L->gdw2, 4 * (size_t)S * H * F)) {
+            if (down_f(L, wg_bytes(L), g, L->gdw2, (size_t)S * H * F)) {
                 check_close("dW2", g, rg.dw2, (size_t)E * H * F, tol);
                 if (FS) { /* slot E + j's column f is the unsplit column jF + f */
                     float *j2 = malloc(4 * (size_t)H * FS);
@@ -686,7 +724,7 @@ static void run_tokens(layer_t *L, const bwd_case_t *c, int T, uint64_t *rng, co
                 free(sc);
             }
             if (s->ffn_bias) {
-                us = moe_plan_unpack_grad(L->plan, MOE_TENSOR_B1, (float *)L->gdb1p, (float *)L->pb1, E, NULL);
+                us = moe_plan_unpack_grad(L->plan, MOE_TENSOR_B1, (void *)L->gdb1p, (void *)L->pb1, E, NULL);
                 CHECKF(us == MOE_OK, "moe_plan_unpack_grad: %s", moe_last_error());
                 if (us == MOE_OK && cu_ok(moe_cu.cuCtxSynchronize(), "unpack") && down(g, L->pb1, 4 * (size_t)E * 2 * F))
                     check_close("db1 (db1p unpacked)", g, rg.db1, (size_t)E * 2 * F, tol);
@@ -782,10 +820,10 @@ static void run_tokens(layer_t *L, const bwd_case_t *c, int T, uint64_t *rng, co
                 continue;
             first[i] = malloc(4 * gr[i].n);
             prior[i] = malloc(4 * gr[i].n);
-            good = first[i] && prior[i] && down(first[i], gr[i].d, 4 * gr[i].n);
-            for (size_t j = 0; good && j < gr[i].n; j++)
-                prior[i][j] = unif(rng);
-            good = good && up(gr[i].d, prior[i], 4 * gr[i].n);
+            good = first[i] && prior[i] && down_f(L, gr[i].eb, first[i], gr[i].d, gr[i].n);
+            for (size_t j = 0; good && j < gr[i].n; j++) /* what the buffer will hold: rounded as its elements */
+                prior[i][j] = gr[i].eb == 4 ? unif(rng) : moe_half_to_float(moe_float_to_half(unif(rng), dt), dt);
+            good = good && up_f(L, gr[i].eb, gr[i].d, prior[i], gr[i].n);
         }
         moe_backward_args ba = bwd_args(L, T, c->recompute, 1);
         good = good && cu_ok(moe_cu.cuMemsetD8(L->gdx, 0xff, (size_t)T * H * 2), "poison dx");
@@ -798,8 +836,11 @@ static void run_tokens(layer_t *L, const bwd_case_t *c, int T, uint64_t *rng, co
                 float *got = malloc(4 * gr[i].n);
                 for (size_t j = 0; got && j < gr[i].n; j++)
                     first[i][j] += prior[i][j];
-                if (got && down(got, gr[i].d, 4 * gr[i].n))
-                    check_close(gr[i].what, got, first[i], gr[i].n, 1e-6);
+                /* fp32: the same sum added; the dtype: prior + the sum rounded (the written gradient was the sum
+                 * rounded once, so they differ by up to 1.5 units in the last place) */
+                if (got && down_f(L, gr[i].eb, got, gr[i].d, gr[i].n))
+                    check_close(gr[i].what, got, first[i], gr[i].n, gr[i].eb == 4 ? 1e-6 : dt == MOE_DTYPE_BF16 ? 8e-3
+                                                                                                          : 2e-3);
                 free(got);
             }
             /* dx is written, not accumulated: the second equals the first */
@@ -911,6 +952,7 @@ static void run_fsdp_mesh(const char *spec, const char *mesh, const int *tokens,
     const double tol = dt == MOE_DTYPE_BF16 ? 1.5e-2 : 4e-3;
     const long long per[MOE_GRAD_TENSORS] = {2LL * F * H, s->ffn_bias ? 2LL * F : 0, (long long)H * F,
                                              s->ffn_bias ? H : 0};
+    const size_t wb = (size_t)moe_wgrad_elem_bytes(s), eb[MOE_GRAD_TENSORS] = {wb, 4, wb, 4}; /* element bytes */
     float *held[MAXR][MOE_GRAD_TENSORS] = {{0}};
     uint16_t *xs[MAXR] = {0}, *dys[MAXR] = {0};
     moe_grad_part_t parts[MAXR][MOE_GRAD_TENSORS];
@@ -966,28 +1008,28 @@ static void run_fsdp_mesh(const char *spec, const char *mesh, const int *tokens,
             if (!per[i])
                 continue;
             held[r][i] = malloc(4 * (size_t)parts[r][i].held);
-            ok = held[r][i] && down(held[r][i], g[i], 4 * (size_t)parts[r][i].held);
+            ok = held[r][i] && down_f(&L[r], eb[i], held[r][i], g[i], (size_t)parts[r][i].held);
         }
         CHECKF(ok, "rank %d: the training forward and backward did not run", r);
         if (!ok)
             break;
         /* moe_reduce_scatter_grads itself: on the GPU where it is a copy, refused without a communicator where it
          * is a collective */
-        moe_grad_scatter_args ga = {(float *)L[r].gdw1p, s->ffn_bias ? (float *)L[r].gdb1p : NULL, (float *)L[r].gdw2,
-                                    s->ffn_bias ? (float *)L[r].gdb2 : NULL, (float *)L[r].pw1,
+        moe_grad_scatter_args ga = {(void *)L[r].gdw1p, s->ffn_bias ? (float *)L[r].gdb1p : NULL, (void *)L[r].gdw2,
+                                    s->ffn_bias ? (float *)L[r].gdb2 : NULL, (void *)L[r].pw1,
                                     s->ffn_bias ? (float *)L[r].pb1 : NULL, NULL, NULL, 0};
         CUdeviceptr dw2_out = dalloc(4 * (size_t)parts[r][2].count), db2_out = dalloc(4 * (size_t)H * E);
-        ga.dw2 = (float *)dw2_out, ga.db2 = s->ffn_bias ? (float *)db2_out : NULL;
+        ga.dw2 = (void *)dw2_out, ga.db2 = s->ffn_bias ? (float *)db2_out : NULL;
         const CUdeviceptr outs[MOE_GRAD_TENSORS] = {L[r].pw1, L[r].pb1, dw2_out, db2_out};
         for (int i = 0; i < MOE_GRAD_TENSORS && dw2_out && db2_out; i++)
             if (per[i])
-                cu_ok(moe_cu.cuMemsetD8(outs[i], 0xff, 4 * (size_t)parts[r][i].count), "poison");
+                cu_ok(moe_cu.cuMemsetD8(outs[i], 0xff, eb[i] * (size_t)parts[r][i].count), "poison");
         moe_status rs = dw2_out && db2_out ? moe_reduce_scatter_grads(L[r].plan, &ga, NULL) : MOE_ERR_CUDA;
         if (parts[r][0].op == MOE_GRAD_COPY) {
             CHECKF(rs == MOE_OK, "rank %d: moe_reduce_scatter_grads: %s", r, moe_last_error());
             for (int i = 0; i < MOE_GRAD_TENSORS && rs == MOE_OK && cu_ok(moe_cu.cuCtxSynchronize(), "copy"); i++) {
                 float *got = per[i] ? malloc(4 * (size_t)parts[r][i].count) : NULL;
-                if (got && down(got, outs[i], 4 * (size_t)parts[r][i].count))
+                if (got && down_f(&L[r], eb[i], got, outs[i], (size_t)parts[r][i].count))
                     CHECKF(memcmp(got, held[r][i], 4 * (size_t)parts[r][i].count) == 0,
                            "rank %d: moe_reduce_scatter_grads' %s is not the held gradient", r,
                            moe_grad_tensor_names[i]);
@@ -1000,7 +1042,7 @@ static void run_fsdp_mesh(const char *spec, const char *mesh, const int *tokens,
             CHECKF(bs == MOE_ERR_INVALID_ARG && strstr(moe_last_error(), "accumulate = 2"), "rank %d: %s", r,
                    moe_last_error());
             bad = ga;
-            bad.dw2 = bad.held_dw2 + 1;
+            bad.dw2 = (char *)bad.held_dw2 + eb[2];
             bs = moe_reduce_scatter_grads(L[r].plan, &bad, NULL);
             CHECKF(bs == MOE_ERR_INVALID_ARG && strstr(moe_last_error(), "dw2 overlaps held_dw2"), "rank %d: %s", r,
                    moe_last_error());
@@ -1013,9 +1055,9 @@ static void run_fsdp_mesh(const char *spec, const char *mesh, const int *tokens,
                 const size_t cnt = (size_t)parts[r][i].count;
                 uint64_t prng = seed ^ (0xacc + (uint64_t)i);
                 good = (prior[i] = malloc(4 * cnt)) != NULL;
-                for (size_t k = 0; good && k < cnt; k++)
-                    prior[i][k] = unif(&prng);
-                good = good && up(outs[i], prior[i], 4 * cnt);
+                for (size_t k = 0; good && k < cnt; k++) /* rounded as the buffer's elements */
+                    prior[i][k] = eb[i] == 4 ? unif(&prng) : moe_half_to_float(moe_float_to_half(unif(&prng), dt), dt);
+                good = good && up_f(&L[r], eb[i], outs[i], prior[i], cnt);
             }
             ga.accumulate = 1;
             moe_status as = good ? moe_reduce_scatter_grads(L[r].plan, &ga, NULL) : MOE_ERR_CUDA;
@@ -1028,10 +1070,10 @@ static void run_fsdp_mesh(const char *spec, const char *mesh, const int *tokens,
                 float *got = malloc(4 * cnt);
                 for (size_t k = 0; got && k < cnt; k++)
                     prior[i][k] += held[r][i][k];
-                if (got && down(got, outs[i], 4 * cnt)) {
+                if (got && down_f(&L[r], eb[i], got, outs[i], cnt)) { /* the dtype's: the sum rounded once */
                     char what[120];
                     snprintf(what, sizeof what, "rank %d: %s accumulated (prior + held)", r, moe_grad_tensor_names[i]);
-                    check_close(what, got, prior[i], cnt, 1e-6);
+                    check_close(what, got, prior[i], cnt, eb[i] == 4 ? 1e-6 : dt == MOE_DTYPE_BF16 ? 4e-3 : 5e-4);
                 }
                 free(got);
             }
@@ -1118,6 +1160,10 @@ static void run_fsdp(uint64_t seed, const char *tmp, const char *cache) {
     run_fsdp_mesh("tests/specs/train_softmax.moe", "{ fsdp = 2, expert_sharding = { 'ep' } }", tokens, seed + 2, tmp,
                   cache);
     run_fsdp_mesh("tests/specs/train_sigmoid_groups.moe", "{ dp = 2 }", tokens, seed + 3, tmp, cache);
+    /* the weight gradients in the dtype: the copy and bwd_accum's 2-byte add (dp), the played reduce-scatter */
+    run_fsdp_mesh("tests/specs/train_gptoss_hgrad.moe", "{ dp = 2 }", tokens, seed + 4, tmp, cache);
+    run_fsdp_mesh("tests/specs/train_softmax_hgrad.moe", "{ fsdp = 2, expert_sharding = { 'fsdp' } }", tokens,
+                  seed + 5, tmp, cache);
 }
 
 /* Write examples/specs/NAME as a training spec of the example's semantics
@@ -1397,7 +1443,7 @@ static void run_ep_mesh(const char *spec, const char *mesh, const int *tokens, i
             }
             snprintf(what, sizeof what, "rank %d (ep rank %d), %s of its %d held experts", r, rk->ep_rank,
                      moe_grad_tensor_names[i], mp->nheld);
-            if (got && want && down(got, gd[i], 4 * n))
+            if (got && want && down_f(&L[r], i % 2 ? 4 : wg_bytes(&L[r]), got, gd[i], n)) /* 0, 2: dw1p, dw2 */
                 check_close(what, got, want, n, tol);
             else
                 CHECKF(0, "%s: downloading", what);
@@ -1428,6 +1474,7 @@ static void run_ep(uint64_t seed, const char *tmp, const char *cache) {
                 tokens, 0, seed + 7, tmp, cache);
     run_ep_mesh("tests/specs/train_gptoss.moe", "{ ep = 2 }\ndispatch = { mode = 'capacity', capacity = 600 }",
                 tokens + 3, 1, seed + 8, tmp, cache);
+    run_ep_mesh("tests/specs/train_softmax_hgrad.moe", "{ ep = 2 }", tokens, 0, seed + 9, tmp, cache);
 }
 
 int main(int argc, char **argv) {

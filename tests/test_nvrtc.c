@@ -252,6 +252,8 @@ static void test_nvrtc_all(void) {
         {"tests/specs/fp8_ep_input.moe", 0},   /* fp8 over EP4, capacity, router.apply = "input", biases */
         {"tests/specs/train_softmax.moe", 1},  /* training: the backward's kernels and GEMMs */
         {"tests/specs/train_gptoss.moe", 1},   /* training, fp16, logit_bias, ffn_bias, clamped SwiGLU */
+        {"tests/specs/train_softmax_hgrad.moe", 1}, /* training, the weight gradients in bf16 */
+        {"tests/specs/train_gptoss_hgrad.moe", 0},  /* training, the weight gradients in fp16, biases */
         {"tests/specs/train_sigmoid_groups.moe", 0}, /* training, sigmoid, groups, scale */
         {"tests/specs/sqrtsoftplus.moe", 1},   /* training, sqrt(softplus) scores, bias, clamp, shared */
         {"tests/specs/softcap.moe", 1},        /* training, the logit cap (route and the router's backward) */

@@ -1090,18 +1090,18 @@ kimi_k2_combine_bf16_h7168k9(const moe_half_t *__restrict__ obuf, const int *__r
     }
 }
 
-#line 1168 "templates/gemm_sm90.lua"
+#line 1175 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace kimi_k2_gemm_up_swiglu_bf16_sm90a_tma_m64n256k64s4c1g8_gx_impl {
-#line 301 "templates/gemm_sm90.lua"
+#line 305 "templates/gemm_sm90.lua"
 constexpr int BM = 64, BN = 256, BK = 64, STAGES = 4, CONSUMERS = 1;
 constexpr int K = 7168;        /* reduction length */
 constexpr int N = 4096;        /* rows of B per expert */
 constexpr int NOUT = 2048;  /* output row length */
 constexpr int BNO = 128;    /* output columns per tile */
-#line 309 "templates/gemm_sm90.lua"
+#line 313 "templates/gemm_sm90.lua"
 constexpr int WG_ROWS = BM / CONSUMERS;  /* rows per consumer warpgroup */
-#line 311 "templates/gemm_sm90.lua"
+#line 315 "templates/gemm_sm90.lua"
 constexpr int WM = WG_ROWS / 64;         /* m64 wgmma blocks per consumer */
 constexpr int NACC = BN / 2;             /* fp32 accumulators per thread and m64 block */
 constexpr int A_BYTES = 8192, STAGE_BYTES = 40960;
@@ -1111,21 +1111,21 @@ constexpr bool PERSISTENT = false;
 constexpr int RING = STAGES * STAGE_BYTES;
 /* the staging tile: its own after the ring on a persistent grid; with one
  * CTA per tile, the ring itself once the main loop is done */
-#line 337 "templates/gemm_sm90.lua"
+#line 344 "templates/gemm_sm90.lua"
 constexpr int EPI_OFF = PERSISTENT ? RING : 0;
 constexpr int BAR_OFF = PERSISTENT ? RING + (BM * LDC * 2 + 15) / 16 * 16 : RING;  /* full[STAGES], then empty[STAGES] */
-#line 340 "templates/gemm_sm90.lua"
+#line 347 "templates/gemm_sm90.lua"
 static_assert(PERSISTENT || BM * LDC * 2 <= RING, "the output tile (BM x LDC halves) fits in the stages");
 /* the plan's numbers (gen/family_gemm.c): this layout must be its shared
  * memory exactly (moe_gemm_sm90_smem), the block one producer and
  * CONSUMERS consumer warpgroups */
 static_assert(BAR_OFF + 16 * STAGES == 163904, "the shared-memory layout is the plan's (moe_gemm_sm90_smem)");
 static_assert(256 == 128 * (CONSUMERS + 1), "threads: one producer and CONSUMERS consumer warpgroups");
-#line 352 "templates/gemm_sm90.lua"
+#line 359 "templates/gemm_sm90.lua"
 constexpr int KTILES = (K + BK - 1) / BK, KSTEPS = BK / 16, KATOMS = BK / 64;
-#line 354 "templates/gemm_sm90.lua"
+#line 361 "templates/gemm_sm90.lua"
 constexpr int NTILES = (N + BN - 1) / BN;  /* N tiles per M tile */
-#line 362 "templates/gemm_sm90.lua"
+#line 369 "templates/gemm_sm90.lua"
 constexpr int CTHREADS = 128 * CONSUMERS;
 constexpr bool N_TAIL = false;
 constexpr bool OUT_TAIL = false;
@@ -1160,7 +1160,7 @@ static __device__ __forceinline__ void tma_load(unsigned s, const moe_tmap_t *ma
                  " [%0], [%1, {%2, %3}], [%4];\n"
                  :: "r"(s), "l"((unsigned long long)map), "r"(k0), "r"(row), "r"(b) : "memory");
 }
-#line 411 "templates/gemm_sm90.lua"
+#line 418 "templates/gemm_sm90.lua"
 static __device__ __forceinline__ void tma_prefetch_map(const moe_tmap_t *map) {
     asm volatile("prefetch.tensormap [%0];\n" :: "l"((unsigned long long)map) : "memory");
 }
@@ -1170,7 +1170,7 @@ static __device__ __forceinline__ void fence_proxy_async() {
 static __device__ __forceinline__ void consumers_sync() {
     asm volatile("bar.sync 1, %0;\n" :: "n"(CTHREADS) : "memory");
 }
-#line 459 "templates/gemm_sm90.lua"
+#line 466 "templates/gemm_sm90.lua"
 static __device__ __forceinline__ void st_shared_u32(unsigned s, unsigned v) {
     asm volatile("st.shared.u32 [%0], %1;\n" :: "r"(s), "r"(v) : "memory");
 }
@@ -1186,10 +1186,10 @@ static __device__ __forceinline__ void copy16_s2g(void *g, unsigned s) {
 static __device__ __forceinline__ unsigned long long sdesc(unsigned addr) {
     return (unsigned long long)((addr & 0x3FFFFu) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
 }
-#line 485 "templates/gemm_sm90.lua"
+#line 492 "templates/gemm_sm90.lua"
 /* d (64 x BN fp32, this thread's part) += A(64 x 16) . B(BN x 16)^T. */
 static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long long da, unsigned long long db) {
-#line 489 "templates/gemm_sm90.lua"
+#line 496 "templates/gemm_sm90.lua"
     asm volatile("{\n"
                  ".reg .pred p;\n"
                  "setp.ne.b32 p, %130, 0;\n"
@@ -1197,77 +1197,77 @@ static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long lon
                  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127},\n"
                  "%128, %129, p, 1, 1, 0, 0;\n"
                  "}\n"
-#line 498 "templates/gemm_sm90.lua"
+#line 505 "templates/gemm_sm90.lua"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-#line 498 "templates/gemm_sm90.lua"
+#line 505 "templates/gemm_sm90.lua"
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-#line 498 "templates/gemm_sm90.lua"
+#line 505 "templates/gemm_sm90.lua"
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-#line 498 "templates/gemm_sm90.lua"
+#line 505 "templates/gemm_sm90.lua"
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-#line 498 "templates/gemm_sm90.lua"
+#line 505 "templates/gemm_sm90.lua"
                    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-#line 498 "templates/gemm_sm90.lua"
+#line 505 "templates/gemm_sm90.lua"
                    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-#line 498 "templates/gemm_sm90.lua"
+#line 505 "templates/gemm_sm90.lua"
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-#line 498 "templates/gemm_sm90.lua"
+#line 505 "templates/gemm_sm90.lua"
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-#line 498 "templates/gemm_sm90.lua"
+#line 505 "templates/gemm_sm90.lua"
                    "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-#line 498 "templates/gemm_sm90.lua"
+#line 505 "templates/gemm_sm90.lua"
                    "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-#line 498 "templates/gemm_sm90.lua"
+#line 505 "templates/gemm_sm90.lua"
                    "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-#line 498 "templates/gemm_sm90.lua"
+#line 505 "templates/gemm_sm90.lua"
                    "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-#line 498 "templates/gemm_sm90.lua"
+#line 505 "templates/gemm_sm90.lua"
                    "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-#line 498 "templates/gemm_sm90.lua"
+#line 505 "templates/gemm_sm90.lua"
                    "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-#line 498 "templates/gemm_sm90.lua"
+#line 505 "templates/gemm_sm90.lua"
                    "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-#line 498 "templates/gemm_sm90.lua"
+#line 505 "templates/gemm_sm90.lua"
                    "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-#line 500 "templates/gemm_sm90.lua"
+#line 507 "templates/gemm_sm90.lua"
                  : "l"(da), "l"(db), "r"(1));
 }
 /* Keep the compiler from moving accumulator accesses across a wgmma wait. */
 static __device__ __forceinline__ void fence_acc(float (&d)[NACC]) {
     asm volatile(""
-#line 506 "templates/gemm_sm90.lua"
+#line 513 "templates/gemm_sm90.lua"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-#line 506 "templates/gemm_sm90.lua"
+#line 513 "templates/gemm_sm90.lua"
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-#line 506 "templates/gemm_sm90.lua"
+#line 513 "templates/gemm_sm90.lua"
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-#line 506 "templates/gemm_sm90.lua"
+#line 513 "templates/gemm_sm90.lua"
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-#line 506 "templates/gemm_sm90.lua"
+#line 513 "templates/gemm_sm90.lua"
                    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-#line 506 "templates/gemm_sm90.lua"
+#line 513 "templates/gemm_sm90.lua"
                    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-#line 506 "templates/gemm_sm90.lua"
+#line 513 "templates/gemm_sm90.lua"
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-#line 506 "templates/gemm_sm90.lua"
+#line 513 "templates/gemm_sm90.lua"
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-#line 506 "templates/gemm_sm90.lua"
+#line 513 "templates/gemm_sm90.lua"
                    "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-#line 506 "templates/gemm_sm90.lua"
+#line 513 "templates/gemm_sm90.lua"
                    "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-#line 506 "templates/gemm_sm90.lua"
+#line 513 "templates/gemm_sm90.lua"
                    "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-#line 506 "templates/gemm_sm90.lua"
+#line 513 "templates/gemm_sm90.lua"
                    "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-#line 506 "templates/gemm_sm90.lua"
+#line 513 "templates/gemm_sm90.lua"
                    "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-#line 506 "templates/gemm_sm90.lua"
+#line 513 "templates/gemm_sm90.lua"
                    "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-#line 506 "templates/gemm_sm90.lua"
+#line 513 "templates/gemm_sm90.lua"
                    "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-#line 506 "templates/gemm_sm90.lua"
+#line 513 "templates/gemm_sm90.lua"
                    "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-#line 508 "templates/gemm_sm90.lua"
+#line 515 "templates/gemm_sm90.lua"
                  :: "memory");
 }
 static __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -1275,7 +1275,7 @@ static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.comm
 template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
-#line 720 "templates/gemm_sm90.lua"
+#line 727 "templates/gemm_sm90.lua"
 
 #line 18 "templates/gemm_sm80.lua"
 /* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
@@ -1293,7 +1293,7 @@ static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, 
     nt = within / size;
 #line 36 "templates/gemm_sm80.lua"
 }
-#line 746 "templates/gemm_sm90.lua"
+#line 753 "templates/gemm_sm90.lua"
 
 /* The producer (one thread): for every tile of this CTA, every k tile of
  * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
@@ -1304,16 +1304,16 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
                                                const moe_tile_t *__restrict__ tiles, int mtiles) {
     int s = 0;
     unsigned phase = 0;
-#line 796 "templates/gemm_sm90.lua"
+#line 803 "templates/gemm_sm90.lua"
     for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
         int mt, nt;
         tile_of(lin, mtiles, NTILES, mt, nt);
         const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
         if (rows <= 0)
             continue;
-#line 805 "templates/gemm_sm90.lua"
+#line 812 "templates/gemm_sm90.lua"
         const int brow = expert * N + nt * BN;
-#line 807 "templates/gemm_sm90.lua"
+#line 814 "templates/gemm_sm90.lua"
         for (int kt = 0; kt < KTILES; ++kt) {
             const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
             bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
@@ -1321,9 +1321,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
 #pragma unroll
             for (int a = 0; a < KATOMS; ++a) {
                 tma_load(so + a * (BM * 128), ma, kt * BK + a * 64, row_start, full);
-#line 822 "templates/gemm_sm90.lua"
+#line 829 "templates/gemm_sm90.lua"
                 tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
-#line 824 "templates/gemm_sm90.lua"
+#line 831 "templates/gemm_sm90.lua"
             }
             if (++s == STAGES) {
                 s = 0;
@@ -1331,10 +1331,10 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
             }
         }
     }
-#line 832 "templates/gemm_sm90.lua"
+#line 839 "templates/gemm_sm90.lua"
 }
 
-#line 835 "templates/gemm_sm90.lua"
+#line 842 "templates/gemm_sm90.lua"
 /* The gathering producer (the call's src_of given; docs/DESIGN.md, "The
  * gathered up GEMM"): the 128 threads of warpgroup 0. Row i of a tile's A
  * is x[src_of[row_start + i]]; thread pt copies 16-byte chunk j = pt % 8 of
@@ -1357,7 +1357,7 @@ static __device__ __forceinline__ void produce_gather(unsigned sbase, const moe_
     constexpr int RPT = BM / 16;  /* rows per thread */
     const int j = pt & 7, r0 = pt >> 3;
     const unsigned my = (unsigned)r0 * 128u + ((unsigned)(j ^ (r0 & 7)) << 4);  /* in a stage's A atom */
-#line 860 "templates/gemm_sm90.lua"
+#line 867 "templates/gemm_sm90.lua"
     int s = 0;
     unsigned phase = 0;
     for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
@@ -1378,9 +1378,9 @@ static __device__ __forceinline__ void produce_gather(unsigned sbase, const moe_
                 bar_arrive_expect_tx(full, STAGE_BYTES - A_BYTES);
 #pragma unroll
                 for (int a = 0; a < KATOMS; ++a)
-#line 883 "templates/gemm_sm90.lua"
+#line 890 "templates/gemm_sm90.lua"
                     tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
-#line 885 "templates/gemm_sm90.lua"
+#line 892 "templates/gemm_sm90.lua"
             }
 #pragma unroll
             for (int a = 0; a < KATOMS; ++a) {
@@ -1404,26 +1404,26 @@ static __device__ __forceinline__ void produce_gather(unsigned sbase, const moe_
     asm volatile("cp.async.wait_all;\n" ::: "memory");
 }
 
-#line 909 "templates/gemm_sm90.lua"
+#line 916 "templates/gemm_sm90.lua"
 /* A consumer warpgroup (cw) on one tile: acc (its WG_ROWS x BN fp32 tile)
  * = A . B^T over all k tiles, from ring position (s, phase), which it
  * advances. The wgmma of k tile kt stay in flight while the warpgroup
  * waits for tile kt + 1; a stage is released once the wgmma that read it
  * retired (wait_group 1 after the next commit; the last one after
  * wait_group 0), so the producer refills it during the epilogue. */
-#line 930 "templates/gemm_sm90.lua"
+#line 937 "templates/gemm_sm90.lua"
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
                                                unsigned &phase, bool gathered) {
     const unsigned long long da0 = sdesc(sbase + (unsigned)cw * (WG_ROWS * 128));
-#line 934 "templates/gemm_sm90.lua"
+#line 941 "templates/gemm_sm90.lua"
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
     int prev = 0;
     for (int kt = 0; kt < KTILES; ++kt) {
         bar_wait(sbase + BAR_OFF + s * 8, phase);
-#line 939 "templates/gemm_sm90.lua"
+#line 946 "templates/gemm_sm90.lua"
         if (gathered)  /* A came by cp.async (generic proxy); wgmma reads by the async proxy */
             fence_proxy_async();
-#line 942 "templates/gemm_sm90.lua"
+#line 949 "templates/gemm_sm90.lua"
         wgmma_fence();
         const unsigned long long so = (unsigned long long)(s * (STAGE_BYTES >> 4));
 #pragma unroll
@@ -1442,7 +1442,7 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 963 "templates/gemm_sm90.lua"
+#line 970 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -1486,7 +1486,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
 static __device__ __forceinline__ float swiglu(float gate, float up) {
     return up * gate * moe_sigmoid(gate);
 }
-#line 1172 "templates/gemm_sm90.lua"
+#line 1179 "templates/gemm_sm90.lua"
 }  // namespace kimi_k2_gemm_up_swiglu_bf16_sm90a_tma_m64n256k64s4c1g8_gx_impl
 #endif
 
@@ -1508,73 +1508,73 @@ kimi_k2_gemm_up_swiglu_bf16_sm90a_tma_m64n256k64s4c1g8_gx(const __grid_constant_
 #pragma unroll
         for (int s = 0; s < STAGES; ++s) {
             bar_init(sbase + BAR_OFF + s * 8, src_of ? 1 + 128 : 1);
-#line 1197 "templates/gemm_sm90.lua"
+#line 1204 "templates/gemm_sm90.lua"
             bar_init(sbase + BAR_OFF + (STAGES + s) * 8, CTHREADS);
-#line 1199 "templates/gemm_sm90.lua"
+#line 1206 "templates/gemm_sm90.lua"
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
-#line 1208 "templates/gemm_sm90.lua"
+#line 1215 "templates/gemm_sm90.lua"
     if (wg == 0) {
-#line 1213 "templates/gemm_sm90.lua"
+#line 1220 "templates/gemm_sm90.lua"
         if (src_of)  /* the rows gathered from x (the call's scatter wrote only the maps) */
             produce_gather(sbase, &w1p_map, tiles, mtiles, gx, src_of, tid);
         else if (tid == 0)
             produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
-#line 1221 "templates/gemm_sm90.lua"
-    } else {
 #line 1228 "templates/gemm_sm90.lua"
+    } else {
+#line 1235 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF;
-#line 1233 "templates/gemm_sm90.lua"
+#line 1240 "templates/gemm_sm90.lua"
         int s = 0;
         unsigned phase = 0;
-#line 1236 "templates/gemm_sm90.lua"
+#line 1243 "templates/gemm_sm90.lua"
         (void)b1p;
-#line 1241 "templates/gemm_sm90.lua"
+#line 1248 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
             const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
             if (rows <= 0)
                 continue;
-#line 1248 "templates/gemm_sm90.lua"
+#line 1255 "templates/gemm_sm90.lua"
             const int n0 = nt * BN;
             (void)expert;
             /* consumer warpgroups with rows of the tile; the others only release the stages */
             const int n_active = ((rows < BM ? rows : BM) + WG_ROWS - 1) / WG_ROWS;
-#line 1255 "templates/gemm_sm90.lua"
+#line 1262 "templates/gemm_sm90.lua"
             float acc[WM][NACC];
 #pragma unroll
             for (int m = 0; m < WM; ++m)
 #pragma unroll
                 for (int i = 0; i < NACC; ++i)
                     acc[m][i] = 0.0f;
-#line 1298 "templates/gemm_sm90.lua"
+#line 1305 "templates/gemm_sm90.lua"
             if (cw >= n_active)
                 skip_tile(sbase, s, phase);
-#line 1306 "templates/gemm_sm90.lua"
+#line 1313 "templates/gemm_sm90.lua"
             else
                 consume(acc, sbase, cw, s, phase, src_of != nullptr);
-#line 1315 "templates/gemm_sm90.lua"
+#line 1322 "templates/gemm_sm90.lua"
             /* the output is staged in the ring: order this warpgroup's wgmma
              * reads of it (async proxy) before the stores below */
             fence_proxy_async();
-#line 1324 "templates/gemm_sm90.lua"
+#line 1331 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
                 if (cw < n_active) {
-#line 1460 "templates/gemm_sm90.lua"
+#line 1467 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
                      * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
                      * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 1467 "templates/gemm_sm90.lua"
+#line 1474 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1482 "templates/gemm_sm90.lua"
+#line 1489 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -1583,53 +1583,53 @@ kimi_k2_gemm_up_swiglu_bf16_sm90a_tma_m64n256k64s4c1g8_gx(const __grid_constant_
                                 const float o0 = swiglu(acc[m][8 * j + 2 * h], acc[m][8 * j + 4 + 2 * h]);
                                 const float o1 = swiglu(acc[m][8 * j + 2 * h + 1], acc[m][8 * j + 5 + 2 * h]);
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
-#line 1497 "templates/gemm_sm90.lua"
+#line 1504 "templates/gemm_sm90.lua"
                             }
                     }
-#line 1329 "templates/gemm_sm90.lua"
+#line 1336 "templates/gemm_sm90.lua"
                 }
                 consumers_sync();
                 store_staged(hbuf + ((long long)row_start * NOUT + n0 / 2 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 / 2 - pass * EPI_COLS, ct);
             }
-#line 1335 "templates/gemm_sm90.lua"
+#line 1342 "templates/gemm_sm90.lua"
         }
-#line 1337 "templates/gemm_sm90.lua"
+#line 1344 "templates/gemm_sm90.lua"
     }
-#line 1341 "templates/gemm_sm90.lua"
+#line 1348 "templates/gemm_sm90.lua"
 #else
-#line 1343 "templates/gemm_sm90.lua"
+#line 1350 "templates/gemm_sm90.lua"
     (void)xs_map;
-#line 1343 "templates/gemm_sm90.lua"
+#line 1350 "templates/gemm_sm90.lua"
     (void)w1p_map;
-#line 1343 "templates/gemm_sm90.lua"
+#line 1350 "templates/gemm_sm90.lua"
     (void)b1p;
-#line 1343 "templates/gemm_sm90.lua"
+#line 1350 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 1343 "templates/gemm_sm90.lua"
+#line 1350 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 1343 "templates/gemm_sm90.lua"
+#line 1350 "templates/gemm_sm90.lua"
     (void)hbuf;
-#line 1343 "templates/gemm_sm90.lua"
+#line 1350 "templates/gemm_sm90.lua"
     (void)gx;
-#line 1345 "templates/gemm_sm90.lua"
+#line 1352 "templates/gemm_sm90.lua"
     (void)src_of;
     __trap();
 #endif
 }
 
-#line 1168 "templates/gemm_sm90.lua"
+#line 1175 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace kimi_k2_gemm_down_bf16_sm90a_tma_m64n256k64s4c1g8_impl {
-#line 301 "templates/gemm_sm90.lua"
+#line 305 "templates/gemm_sm90.lua"
 constexpr int BM = 64, BN = 256, BK = 64, STAGES = 4, CONSUMERS = 1;
 constexpr int K = 2048;        /* reduction length */
 constexpr int N = 7168;        /* rows of B per expert */
 constexpr int NOUT = 7168;  /* output row length */
 constexpr int BNO = 256;    /* output columns per tile */
-#line 309 "templates/gemm_sm90.lua"
+#line 313 "templates/gemm_sm90.lua"
 constexpr int WG_ROWS = BM / CONSUMERS;  /* rows per consumer warpgroup */
-#line 311 "templates/gemm_sm90.lua"
+#line 315 "templates/gemm_sm90.lua"
 constexpr int WM = WG_ROWS / 64;         /* m64 wgmma blocks per consumer */
 constexpr int NACC = BN / 2;             /* fp32 accumulators per thread and m64 block */
 constexpr int A_BYTES = 8192, STAGE_BYTES = 40960;
@@ -1639,21 +1639,21 @@ constexpr bool PERSISTENT = false;
 constexpr int RING = STAGES * STAGE_BYTES;
 /* the staging tile: its own after the ring on a persistent grid; with one
  * CTA per tile, the ring itself once the main loop is done */
-#line 337 "templates/gemm_sm90.lua"
+#line 344 "templates/gemm_sm90.lua"
 constexpr int EPI_OFF = PERSISTENT ? RING : 0;
 constexpr int BAR_OFF = PERSISTENT ? RING + (BM * LDC * 2 + 15) / 16 * 16 : RING;  /* full[STAGES], then empty[STAGES] */
-#line 340 "templates/gemm_sm90.lua"
+#line 347 "templates/gemm_sm90.lua"
 static_assert(PERSISTENT || BM * LDC * 2 <= RING, "the output tile (BM x LDC halves) fits in the stages");
 /* the plan's numbers (gen/family_gemm.c): this layout must be its shared
  * memory exactly (moe_gemm_sm90_smem), the block one producer and
  * CONSUMERS consumer warpgroups */
 static_assert(BAR_OFF + 16 * STAGES == 163904, "the shared-memory layout is the plan's (moe_gemm_sm90_smem)");
 static_assert(256 == 128 * (CONSUMERS + 1), "threads: one producer and CONSUMERS consumer warpgroups");
-#line 352 "templates/gemm_sm90.lua"
+#line 359 "templates/gemm_sm90.lua"
 constexpr int KTILES = (K + BK - 1) / BK, KSTEPS = BK / 16, KATOMS = BK / 64;
-#line 354 "templates/gemm_sm90.lua"
+#line 361 "templates/gemm_sm90.lua"
 constexpr int NTILES = (N + BN - 1) / BN;  /* N tiles per M tile */
-#line 362 "templates/gemm_sm90.lua"
+#line 369 "templates/gemm_sm90.lua"
 constexpr int CTHREADS = 128 * CONSUMERS;
 constexpr bool N_TAIL = false;
 constexpr bool OUT_TAIL = false;
@@ -1688,7 +1688,7 @@ static __device__ __forceinline__ void tma_load(unsigned s, const moe_tmap_t *ma
                  " [%0], [%1, {%2, %3}], [%4];\n"
                  :: "r"(s), "l"((unsigned long long)map), "r"(k0), "r"(row), "r"(b) : "memory");
 }
-#line 411 "templates/gemm_sm90.lua"
+#line 418 "templates/gemm_sm90.lua"
 static __device__ __forceinline__ void tma_prefetch_map(const moe_tmap_t *map) {
     asm volatile("prefetch.tensormap [%0];\n" :: "l"((unsigned long long)map) : "memory");
 }
@@ -1698,7 +1698,7 @@ static __device__ __forceinline__ void fence_proxy_async() {
 static __device__ __forceinline__ void consumers_sync() {
     asm volatile("bar.sync 1, %0;\n" :: "n"(CTHREADS) : "memory");
 }
-#line 459 "templates/gemm_sm90.lua"
+#line 466 "templates/gemm_sm90.lua"
 static __device__ __forceinline__ void st_shared_u32(unsigned s, unsigned v) {
     asm volatile("st.shared.u32 [%0], %1;\n" :: "r"(s), "r"(v) : "memory");
 }
@@ -1714,10 +1714,10 @@ static __device__ __forceinline__ void copy16_s2g(void *g, unsigned s) {
 static __device__ __forceinline__ unsigned long long sdesc(unsigned addr) {
     return (unsigned long long)((addr & 0x3FFFFu) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
 }
-#line 485 "templates/gemm_sm90.lua"
+#line 492 "templates/gemm_sm90.lua"
 /* d (64 x BN fp32, this thread's part) += A(64 x 16) . B(BN x 16)^T. */
 static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long long da, unsigned long long db) {
-#line 489 "templates/gemm_sm90.lua"
+#line 496 "templates/gemm_sm90.lua"
     asm volatile("{\n"
                  ".reg .pred p;\n"
                  "setp.ne.b32 p, %130, 0;\n"
@@ -1725,77 +1725,77 @@ static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long lon
                  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127},\n"
                  "%128, %129, p, 1, 1, 0, 0;\n"
                  "}\n"
-#line 498 "templates/gemm_sm90.lua"
+#line 505 "templates/gemm_sm90.lua"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-#line 498 "templates/gemm_sm90.lua"
+#line 505 "templates/gemm_sm90.lua"
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-#line 498 "templates/gemm_sm90.lua"
+#line 505 "templates/gemm_sm90.lua"
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-#line 498 "templates/gemm_sm90.lua"
+#line 505 "templates/gemm_sm90.lua"
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-#line 498 "templates/gemm_sm90.lua"
+#line 505 "templates/gemm_sm90.lua"
                    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-#line 498 "templates/gemm_sm90.lua"
+#line 505 "templates/gemm_sm90.lua"
                    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-#line 498 "templates/gemm_sm90.lua"
+#line 505 "templates/gemm_sm90.lua"
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-#line 498 "templates/gemm_sm90.lua"
+#line 505 "templates/gemm_sm90.lua"
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-#line 498 "templates/gemm_sm90.lua"
+#line 505 "templates/gemm_sm90.lua"
                    "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-#line 498 "templates/gemm_sm90.lua"
+#line 505 "templates/gemm_sm90.lua"
                    "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-#line 498 "templates/gemm_sm90.lua"
+#line 505 "templates/gemm_sm90.lua"
                    "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-#line 498 "templates/gemm_sm90.lua"
+#line 505 "templates/gemm_sm90.lua"
                    "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-#line 498 "templates/gemm_sm90.lua"
+#line 505 "templates/gemm_sm90.lua"
                    "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-#line 498 "templates/gemm_sm90.lua"
+#line 505 "templates/gemm_sm90.lua"
                    "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-#line 498 "templates/gemm_sm90.lua"
+#line 505 "templates/gemm_sm90.lua"
                    "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-#line 498 "templates/gemm_sm90.lua"
+#line 505 "templates/gemm_sm90.lua"
                    "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-#line 500 "templates/gemm_sm90.lua"
+#line 507 "templates/gemm_sm90.lua"
                  : "l"(da), "l"(db), "r"(1));
 }
 /* Keep the compiler from moving accumulator accesses across a wgmma wait. */
 static __device__ __forceinline__ void fence_acc(float (&d)[NACC]) {
     asm volatile(""
-#line 506 "templates/gemm_sm90.lua"
+#line 513 "templates/gemm_sm90.lua"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-#line 506 "templates/gemm_sm90.lua"
+#line 513 "templates/gemm_sm90.lua"
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-#line 506 "templates/gemm_sm90.lua"
+#line 513 "templates/gemm_sm90.lua"
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-#line 506 "templates/gemm_sm90.lua"
+#line 513 "templates/gemm_sm90.lua"
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-#line 506 "templates/gemm_sm90.lua"
+#line 513 "templates/gemm_sm90.lua"
                    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-#line 506 "templates/gemm_sm90.lua"
+#line 513 "templates/gemm_sm90.lua"
                    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-#line 506 "templates/gemm_sm90.lua"
+#line 513 "templates/gemm_sm90.lua"
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-#line 506 "templates/gemm_sm90.lua"
+#line 513 "templates/gemm_sm90.lua"
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-#line 506 "templates/gemm_sm90.lua"
+#line 513 "templates/gemm_sm90.lua"
                    "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-#line 506 "templates/gemm_sm90.lua"
+#line 513 "templates/gemm_sm90.lua"
                    "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-#line 506 "templates/gemm_sm90.lua"
+#line 513 "templates/gemm_sm90.lua"
                    "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-#line 506 "templates/gemm_sm90.lua"
+#line 513 "templates/gemm_sm90.lua"
                    "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-#line 506 "templates/gemm_sm90.lua"
+#line 513 "templates/gemm_sm90.lua"
                    "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-#line 506 "templates/gemm_sm90.lua"
+#line 513 "templates/gemm_sm90.lua"
                    "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-#line 506 "templates/gemm_sm90.lua"
+#line 513 "templates/gemm_sm90.lua"
                    "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-#line 506 "templates/gemm_sm90.lua"
+#line 513 "templates/gemm_sm90.lua"
                    "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-#line 508 "templates/gemm_sm90.lua"
+#line 515 "templates/gemm_sm90.lua"
                  :: "memory");
 }
 static __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -1803,7 +1803,7 @@ static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.comm
 template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
-#line 720 "templates/gemm_sm90.lua"
+#line 727 "templates/gemm_sm90.lua"
 
 #line 18 "templates/gemm_sm80.lua"
 /* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
@@ -1821,7 +1821,7 @@ static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, 
     nt = within / size;
 #line 36 "templates/gemm_sm80.lua"
 }
-#line 746 "templates/gemm_sm90.lua"
+#line 753 "templates/gemm_sm90.lua"
 
 /* The producer (one thread): for every tile of this CTA, every k tile of
  * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
@@ -1832,16 +1832,16 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
                                                const moe_tile_t *__restrict__ tiles, int mtiles) {
     int s = 0;
     unsigned phase = 0;
-#line 796 "templates/gemm_sm90.lua"
+#line 803 "templates/gemm_sm90.lua"
     for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
         int mt, nt;
         tile_of(lin, mtiles, NTILES, mt, nt);
         const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
         if (rows <= 0)
             continue;
-#line 805 "templates/gemm_sm90.lua"
+#line 812 "templates/gemm_sm90.lua"
         const int brow = expert * N + nt * BN;
-#line 807 "templates/gemm_sm90.lua"
+#line 814 "templates/gemm_sm90.lua"
         for (int kt = 0; kt < KTILES; ++kt) {
             const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
             bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
@@ -1849,9 +1849,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
 #pragma unroll
             for (int a = 0; a < KATOMS; ++a) {
                 tma_load(so + a * (BM * 128), ma, kt * BK + a * 64, row_start, full);
-#line 822 "templates/gemm_sm90.lua"
+#line 829 "templates/gemm_sm90.lua"
                 tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
-#line 824 "templates/gemm_sm90.lua"
+#line 831 "templates/gemm_sm90.lua"
             }
             if (++s == STAGES) {
                 s = 0;
@@ -1859,26 +1859,26 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
             }
         }
     }
-#line 832 "templates/gemm_sm90.lua"
+#line 839 "templates/gemm_sm90.lua"
 }
 
-#line 909 "templates/gemm_sm90.lua"
+#line 916 "templates/gemm_sm90.lua"
 /* A consumer warpgroup (cw) on one tile: acc (its WG_ROWS x BN fp32 tile)
  * = A . B^T over all k tiles, from ring position (s, phase), which it
  * advances. The wgmma of k tile kt stay in flight while the warpgroup
  * waits for tile kt + 1; a stage is released once the wgmma that read it
  * retired (wait_group 1 after the next commit; the last one after
  * wait_group 0), so the producer refills it during the epilogue. */
-#line 930 "templates/gemm_sm90.lua"
+#line 937 "templates/gemm_sm90.lua"
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
                                                unsigned &phase) {
     const unsigned long long da0 = sdesc(sbase + (unsigned)cw * (WG_ROWS * 128));
-#line 934 "templates/gemm_sm90.lua"
+#line 941 "templates/gemm_sm90.lua"
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
     int prev = 0;
     for (int kt = 0; kt < KTILES; ++kt) {
         bar_wait(sbase + BAR_OFF + s * 8, phase);
-#line 942 "templates/gemm_sm90.lua"
+#line 949 "templates/gemm_sm90.lua"
         wgmma_fence();
         const unsigned long long so = (unsigned long long)(s * (STAGE_BYTES >> 4));
 #pragma unroll
@@ -1897,7 +1897,7 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 963 "templates/gemm_sm90.lua"
+#line 970 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -1935,7 +1935,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 1172 "templates/gemm_sm90.lua"
+#line 1179 "templates/gemm_sm90.lua"
 }  // namespace kimi_k2_gemm_down_bf16_sm90a_tma_m64n256k64s4c1g8_impl
 #endif
 
@@ -1957,69 +1957,69 @@ kimi_k2_gemm_down_bf16_sm90a_tma_m64n256k64s4c1g8(const __grid_constant__ moe_tm
 #pragma unroll
         for (int s = 0; s < STAGES; ++s) {
             bar_init(sbase + BAR_OFF + s * 8, 1);
-#line 1197 "templates/gemm_sm90.lua"
+#line 1204 "templates/gemm_sm90.lua"
             bar_init(sbase + BAR_OFF + (STAGES + s) * 8, CTHREADS);
-#line 1199 "templates/gemm_sm90.lua"
+#line 1206 "templates/gemm_sm90.lua"
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
-#line 1208 "templates/gemm_sm90.lua"
+#line 1215 "templates/gemm_sm90.lua"
     if (wg == 0) {
-#line 1218 "templates/gemm_sm90.lua"
+#line 1225 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
-#line 1221 "templates/gemm_sm90.lua"
-    } else {
 #line 1228 "templates/gemm_sm90.lua"
+    } else {
+#line 1235 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF;
-#line 1233 "templates/gemm_sm90.lua"
+#line 1240 "templates/gemm_sm90.lua"
         int s = 0;
         unsigned phase = 0;
-#line 1236 "templates/gemm_sm90.lua"
+#line 1243 "templates/gemm_sm90.lua"
         (void)b2;
-#line 1241 "templates/gemm_sm90.lua"
+#line 1248 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
             const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
             if (rows <= 0)
                 continue;
-#line 1248 "templates/gemm_sm90.lua"
+#line 1255 "templates/gemm_sm90.lua"
             const int n0 = nt * BN;
             (void)expert;
             /* consumer warpgroups with rows of the tile; the others only release the stages */
             const int n_active = ((rows < BM ? rows : BM) + WG_ROWS - 1) / WG_ROWS;
-#line 1255 "templates/gemm_sm90.lua"
+#line 1262 "templates/gemm_sm90.lua"
             float acc[WM][NACC];
 #pragma unroll
             for (int m = 0; m < WM; ++m)
 #pragma unroll
                 for (int i = 0; i < NACC; ++i)
                     acc[m][i] = 0.0f;
-#line 1298 "templates/gemm_sm90.lua"
+#line 1305 "templates/gemm_sm90.lua"
             if (cw >= n_active)
                 skip_tile(sbase, s, phase);
-#line 1306 "templates/gemm_sm90.lua"
+#line 1313 "templates/gemm_sm90.lua"
             else
                 consume(acc, sbase, cw, s, phase);
-#line 1315 "templates/gemm_sm90.lua"
+#line 1322 "templates/gemm_sm90.lua"
             /* the output is staged in the ring: order this warpgroup's wgmma
              * reads of it (async proxy) before the stores below */
             fence_proxy_async();
-#line 1324 "templates/gemm_sm90.lua"
+#line 1331 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
                 if (cw < n_active) {
-#line 1519 "templates/gemm_sm90.lua"
+#line 1526 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
-#line 1524 "templates/gemm_sm90.lua"
+#line 1531 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1544 "templates/gemm_sm90.lua"
+#line 1551 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -2029,29 +2029,29 @@ kimi_k2_gemm_down_bf16_sm90a_tma_m64n256k64s4c1g8(const __grid_constant__ moe_tm
                                               moe_pack2(acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]));
                             }
                     }
-#line 1329 "templates/gemm_sm90.lua"
+#line 1336 "templates/gemm_sm90.lua"
                 }
                 consumers_sync();
                 store_staged(obuf + ((long long)row_start * NOUT + n0 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 - pass * EPI_COLS, ct);
             }
-#line 1335 "templates/gemm_sm90.lua"
+#line 1342 "templates/gemm_sm90.lua"
         }
-#line 1337 "templates/gemm_sm90.lua"
+#line 1344 "templates/gemm_sm90.lua"
     }
-#line 1341 "templates/gemm_sm90.lua"
+#line 1348 "templates/gemm_sm90.lua"
 #else
-#line 1343 "templates/gemm_sm90.lua"
+#line 1350 "templates/gemm_sm90.lua"
     (void)hbuf_map;
-#line 1343 "templates/gemm_sm90.lua"
+#line 1350 "templates/gemm_sm90.lua"
     (void)w2_map;
-#line 1343 "templates/gemm_sm90.lua"
+#line 1350 "templates/gemm_sm90.lua"
     (void)b2;
-#line 1343 "templates/gemm_sm90.lua"
+#line 1350 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 1343 "templates/gemm_sm90.lua"
+#line 1350 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 1345 "templates/gemm_sm90.lua"
+#line 1352 "templates/gemm_sm90.lua"
     (void)obuf;
     __trap();
 #endif
@@ -2643,18 +2643,18 @@ kimi_k2_gemm_down_bf16_m64n128k32s4w2x2g8(const moe_half_t *__restrict__ hbuf, c
 #line 64 "templates/gemm_down.lua"
 }
 
-#line 1168 "templates/gemm_sm90.lua"
+#line 1175 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace kimi_k2_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8_gx_impl {
-#line 301 "templates/gemm_sm90.lua"
+#line 305 "templates/gemm_sm90.lua"
 constexpr int BM = 64, BN = 128, BK = 64, STAGES = 6, CONSUMERS = 1;
 constexpr int K = 7168;        /* reduction length */
 constexpr int N = 4096;        /* rows of B per expert */
 constexpr int NOUT = 2048;  /* output row length */
 constexpr int BNO = 64;    /* output columns per tile */
-#line 309 "templates/gemm_sm90.lua"
+#line 313 "templates/gemm_sm90.lua"
 constexpr int WG_ROWS = BM / CONSUMERS;  /* rows per consumer warpgroup */
-#line 311 "templates/gemm_sm90.lua"
+#line 315 "templates/gemm_sm90.lua"
 constexpr int WM = WG_ROWS / 64;         /* m64 wgmma blocks per consumer */
 constexpr int NACC = BN / 2;             /* fp32 accumulators per thread and m64 block */
 constexpr int A_BYTES = 8192, STAGE_BYTES = 24576;
@@ -2664,21 +2664,21 @@ constexpr bool PERSISTENT = false;
 constexpr int RING = STAGES * STAGE_BYTES;
 /* the staging tile: its own after the ring on a persistent grid; with one
  * CTA per tile, the ring itself once the main loop is done */
-#line 337 "templates/gemm_sm90.lua"
+#line 344 "templates/gemm_sm90.lua"
 constexpr int EPI_OFF = PERSISTENT ? RING : 0;
 constexpr int BAR_OFF = PERSISTENT ? RING + (BM * LDC * 2 + 15) / 16 * 16 : RING;  /* full[STAGES], then empty[STAGES] */
-#line 340 "templates/gemm_sm90.lua"
+#line 347 "templates/gemm_sm90.lua"
 static_assert(PERSISTENT || BM * LDC * 2 <= RING, "the output tile (BM x LDC halves) fits in the stages");
 /* the plan's numbers (gen/family_gemm.c): this layout must be its shared
  * memory exactly (moe_gemm_sm90_smem), the block one producer and
  * CONSUMERS consumer warpgroups */
 static_assert(BAR_OFF + 16 * STAGES == 147552, "the shared-memory layout is the plan's (moe_gemm_sm90_smem)");
 static_assert(256 == 128 * (CONSUMERS + 1), "threads: one producer and CONSUMERS consumer warpgroups");
-#line 352 "templates/gemm_sm90.lua"
+#line 359 "templates/gemm_sm90.lua"
 constexpr int KTILES = (K + BK - 1) / BK, KSTEPS = BK / 16, KATOMS = BK / 64;
-#line 354 "templates/gemm_sm90.lua"
+#line 361 "templates/gemm_sm90.lua"
 constexpr int NTILES = (N + BN - 1) / BN;  /* N tiles per M tile */
-#line 362 "templates/gemm_sm90.lua"
+#line 369 "templates/gemm_sm90.lua"
 constexpr int CTHREADS = 128 * CONSUMERS;
 constexpr bool N_TAIL = false;
 constexpr bool OUT_TAIL = false;
@@ -2713,7 +2713,7 @@ static __device__ __forceinline__ void tma_load(unsigned s, const moe_tmap_t *ma
                  " [%0], [%1, {%2, %3}], [%4];\n"
                  :: "r"(s), "l"((unsigned long long)map), "r"(k0), "r"(row), "r"(b) : "memory");
 }
-#line 411 "templates/gemm_sm90.lua"
+#line 418 "templates/gemm_sm90.lua"
 static __device__ __forceinline__ void tma_prefetch_map(const moe_tmap_t *map) {
     asm volatile("prefetch.tensormap [%0];\n" :: "l"((unsigned long long)map) : "memory");
 }
@@ -2723,7 +2723,7 @@ static __device__ __forceinline__ void fence_proxy_async() {
 static __device__ __forceinline__ void consumers_sync() {
     asm volatile("bar.sync 1, %0;\n" :: "n"(CTHREADS) : "memory");
 }
-#line 459 "templates/gemm_sm90.lua"
+#line 466 "templates/gemm_sm90.lua"
 static __device__ __forceinline__ void st_shared_u32(unsigned s, unsigned v) {
     asm volatile("st.shared.u32 [%0], %1;\n" :: "r"(s), "r"(v) : "memory");
 }
@@ -2739,10 +2739,10 @@ static __device__ __forceinline__ void copy16_s2g(void *g, unsigned s) {
 static __device__ __forceinline__ unsigned long long sdesc(unsigned addr) {
     return (unsigned long long)((addr & 0x3FFFFu) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
 }
-#line 485 "templates/gemm_sm90.lua"
+#line 492 "templates/gemm_sm90.lua"
 /* d (64 x BN fp32, this thread's part) += A(64 x 16) . B(BN x 16)^T. */
 static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long long da, unsigned long long db) {
-#line 489 "templates/gemm_sm90.lua"
+#line 496 "templates/gemm_sm90.lua"
     asm volatile("{\n"
                  ".reg .pred p;\n"
                  "setp.ne.b32 p, %66, 0;\n"
@@ -2750,45 +2750,45 @@ static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long lon
                  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63},\n"
                  "%64, %65, p, 1, 1, 0, 0;\n"
                  "}\n"
-#line 498 "templates/gemm_sm90.lua"
+#line 505 "templates/gemm_sm90.lua"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-#line 498 "templates/gemm_sm90.lua"
+#line 505 "templates/gemm_sm90.lua"
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-#line 498 "templates/gemm_sm90.lua"
+#line 505 "templates/gemm_sm90.lua"
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-#line 498 "templates/gemm_sm90.lua"
+#line 505 "templates/gemm_sm90.lua"
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-#line 498 "templates/gemm_sm90.lua"
+#line 505 "templates/gemm_sm90.lua"
                    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-#line 498 "templates/gemm_sm90.lua"
+#line 505 "templates/gemm_sm90.lua"
                    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-#line 498 "templates/gemm_sm90.lua"
+#line 505 "templates/gemm_sm90.lua"
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-#line 498 "templates/gemm_sm90.lua"
+#line 505 "templates/gemm_sm90.lua"
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-#line 500 "templates/gemm_sm90.lua"
+#line 507 "templates/gemm_sm90.lua"
                  : "l"(da), "l"(db), "r"(1));
 }
 /* Keep the compiler from moving accumulator accesses across a wgmma wait. */
 static __device__ __forceinline__ void fence_acc(float (&d)[NACC]) {
     asm volatile(""
-#line 506 "templates/gemm_sm90.lua"
+#line 513 "templates/gemm_sm90.lua"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-#line 506 "templates/gemm_sm90.lua"
+#line 513 "templates/gemm_sm90.lua"
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-#line 506 "templates/gemm_sm90.lua"
+#line 513 "templates/gemm_sm90.lua"
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-#line 506 "templates/gemm_sm90.lua"
+#line 513 "templates/gemm_sm90.lua"
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-#line 506 "templates/gemm_sm90.lua"
+#line 513 "templates/gemm_sm90.lua"
                    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-#line 506 "templates/gemm_sm90.lua"
+#line 513 "templates/gemm_sm90.lua"
                    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-#line 506 "templates/gemm_sm90.lua"
+#line 513 "templates/gemm_sm90.lua"
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-#line 506 "templates/gemm_sm90.lua"
+#line 513 "templates/gemm_sm90.lua"
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-#line 508 "templates/gemm_sm90.lua"
+#line 515 "templates/gemm_sm90.lua"
                  :: "memory");
 }
 static __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -2796,7 +2796,7 @@ static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.comm
 template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
-#line 720 "templates/gemm_sm90.lua"
+#line 727 "templates/gemm_sm90.lua"
 
 #line 18 "templates/gemm_sm80.lua"
 /* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
@@ -2814,7 +2814,7 @@ static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, 
     nt = within / size;
 #line 36 "templates/gemm_sm80.lua"
 }
-#line 746 "templates/gemm_sm90.lua"
+#line 753 "templates/gemm_sm90.lua"
 
 /* The producer (one thread): for every tile of this CTA, every k tile of
  * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
@@ -2825,16 +2825,16 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
                                                const moe_tile_t *__restrict__ tiles, int mtiles) {
     int s = 0;
     unsigned phase = 0;
-#line 796 "templates/gemm_sm90.lua"
+#line 803 "templates/gemm_sm90.lua"
     for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
         int mt, nt;
         tile_of(lin, mtiles, NTILES, mt, nt);
         const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
         if (rows <= 0)
             continue;
-#line 805 "templates/gemm_sm90.lua"
+#line 812 "templates/gemm_sm90.lua"
         const int brow = expert * N + nt * BN;
-#line 807 "templates/gemm_sm90.lua"
+#line 814 "templates/gemm_sm90.lua"
         for (int kt = 0; kt < KTILES; ++kt) {
             const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
             bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
@@ -2842,9 +2842,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
 #pragma unroll
             for (int a = 0; a < KATOMS; ++a) {
                 tma_load(so + a * (BM * 128), ma, kt * BK + a * 64, row_start, full);
-#line 822 "templates/gemm_sm90.lua"
+#line 829 "templates/gemm_sm90.lua"
                 tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
-#line 824 "templates/gemm_sm90.lua"
+#line 831 "templates/gemm_sm90.lua"
             }
             if (++s == STAGES) {
                 s = 0;
@@ -2852,10 +2852,10 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
             }
         }
     }
-#line 832 "templates/gemm_sm90.lua"
+#line 839 "templates/gemm_sm90.lua"
 }
 
-#line 835 "templates/gemm_sm90.lua"
+#line 842 "templates/gemm_sm90.lua"
 /* The gathering producer (the call's src_of given; docs/DESIGN.md, "The
  * gathered up GEMM"): the 128 threads of warpgroup 0. Row i of a tile's A
  * is x[src_of[row_start + i]]; thread pt copies 16-byte chunk j = pt % 8 of
@@ -2878,7 +2878,7 @@ static __device__ __forceinline__ void produce_gather(unsigned sbase, const moe_
     constexpr int RPT = BM / 16;  /* rows per thread */
     const int j = pt & 7, r0 = pt >> 3;
     const unsigned my = (unsigned)r0 * 128u + ((unsigned)(j ^ (r0 & 7)) << 4);  /* in a stage's A atom */
-#line 860 "templates/gemm_sm90.lua"
+#line 867 "templates/gemm_sm90.lua"
     int s = 0;
     unsigned phase = 0;
     for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
@@ -2899,9 +2899,9 @@ static __device__ __forceinline__ void produce_gather(unsigned sbase, const moe_
                 bar_arrive_expect_tx(full, STAGE_BYTES - A_BYTES);
 #pragma unroll
                 for (int a = 0; a < KATOMS; ++a)
-#line 883 "templates/gemm_sm90.lua"
+#line 890 "templates/gemm_sm90.lua"
                     tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
-#line 885 "templates/gemm_sm90.lua"
+#line 892 "templates/gemm_sm90.lua"
             }
 #pragma unroll
             for (int a = 0; a < KATOMS; ++a) {
@@ -2925,26 +2925,26 @@ static __device__ __forceinline__ void produce_gather(unsigned sbase, const moe_
     asm volatile("cp.async.wait_all;\n" ::: "memory");
 }
 
-#line 909 "templates/gemm_sm90.lua"
+#line 916 "templates/gemm_sm90.lua"
 /* A consumer warpgroup (cw) on one tile: acc (its WG_ROWS x BN fp32 tile)
  * = A . B^T over all k tiles, from ring position (s, phase), which it
  * advances. The wgmma of k tile kt stay in flight while the warpgroup
  * waits for tile kt + 1; a stage is released once the wgmma that read it
  * retired (wait_group 1 after the next commit; the last one after
  * wait_group 0), so the producer refills it during the epilogue. */
-#line 930 "templates/gemm_sm90.lua"
+#line 937 "templates/gemm_sm90.lua"
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
                                                unsigned &phase, bool gathered) {
     const unsigned long long da0 = sdesc(sbase + (unsigned)cw * (WG_ROWS * 128));
-#line 934 "templates/gemm_sm90.lua"
+#line 941 "templates/gemm_sm90.lua"
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
     int prev = 0;
     for (int kt = 0; kt < KTILES; ++kt) {
         bar_wait(sbase + BAR_OFF + s * 8, phase);
-#line 939 "templates/gemm_sm90.lua"
+#line 946 "templates/gemm_sm90.lua"
         if (gathered)  /* A came by cp.async (generic proxy); wgmma reads by the async proxy */
             fence_proxy_async();
-#line 942 "templates/gemm_sm90.lua"
+#line 949 "templates/gemm_sm90.lua"
         wgmma_fence();
         const unsigned long long so = (unsigned long long)(s * (STAGE_BYTES >> 4));
 #pragma unroll
@@ -2963,7 +2963,7 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 963 "templates/gemm_sm90.lua"
+#line 970 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -3007,7 +3007,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
 static __device__ __forceinline__ float swiglu(float gate, float up) {
     return up * gate * moe_sigmoid(gate);
 }
-#line 1172 "templates/gemm_sm90.lua"
+#line 1179 "templates/gemm_sm90.lua"
 }  // namespace kimi_k2_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8_gx_impl
 #endif
 
@@ -3029,73 +3029,73 @@ kimi_k2_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8_gx(const __grid_constant_
 #pragma unroll
         for (int s = 0; s < STAGES; ++s) {
             bar_init(sbase + BAR_OFF + s * 8, src_of ? 1 + 128 : 1);
-#line 1197 "templates/gemm_sm90.lua"
+#line 1204 "templates/gemm_sm90.lua"
             bar_init(sbase + BAR_OFF + (STAGES + s) * 8, CTHREADS);
-#line 1199 "templates/gemm_sm90.lua"
+#line 1206 "templates/gemm_sm90.lua"
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
-#line 1208 "templates/gemm_sm90.lua"
+#line 1215 "templates/gemm_sm90.lua"
     if (wg == 0) {
-#line 1213 "templates/gemm_sm90.lua"
+#line 1220 "templates/gemm_sm90.lua"
         if (src_of)  /* the rows gathered from x (the call's scatter wrote only the maps) */
             produce_gather(sbase, &w1p_map, tiles, mtiles, gx, src_of, tid);
         else if (tid == 0)
             produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
-#line 1221 "templates/gemm_sm90.lua"
-    } else {
 #line 1228 "templates/gemm_sm90.lua"
+    } else {
+#line 1235 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF;
-#line 1233 "templates/gemm_sm90.lua"
+#line 1240 "templates/gemm_sm90.lua"
         int s = 0;
         unsigned phase = 0;
-#line 1236 "templates/gemm_sm90.lua"
+#line 1243 "templates/gemm_sm90.lua"
         (void)b1p;
-#line 1241 "templates/gemm_sm90.lua"
+#line 1248 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
             const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
             if (rows <= 0)
                 continue;
-#line 1248 "templates/gemm_sm90.lua"
+#line 1255 "templates/gemm_sm90.lua"
             const int n0 = nt * BN;
             (void)expert;
             /* consumer warpgroups with rows of the tile; the others only release the stages */
             const int n_active = ((rows < BM ? rows : BM) + WG_ROWS - 1) / WG_ROWS;
-#line 1255 "templates/gemm_sm90.lua"
+#line 1262 "templates/gemm_sm90.lua"
             float acc[WM][NACC];
 #pragma unroll
             for (int m = 0; m < WM; ++m)
 #pragma unroll
                 for (int i = 0; i < NACC; ++i)
                     acc[m][i] = 0.0f;
-#line 1298 "templates/gemm_sm90.lua"
+#line 1305 "templates/gemm_sm90.lua"
             if (cw >= n_active)
                 skip_tile(sbase, s, phase);
-#line 1306 "templates/gemm_sm90.lua"
+#line 1313 "templates/gemm_sm90.lua"
             else
                 consume(acc, sbase, cw, s, phase, src_of != nullptr);
-#line 1315 "templates/gemm_sm90.lua"
+#line 1322 "templates/gemm_sm90.lua"
             /* the output is staged in the ring: order this warpgroup's wgmma
              * reads of it (async proxy) before the stores below */
             fence_proxy_async();
-#line 1324 "templates/gemm_sm90.lua"
+#line 1331 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
                 if (cw < n_active) {
-#line 1460 "templates/gemm_sm90.lua"
+#line 1467 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
                      * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
                      * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 1467 "templates/gemm_sm90.lua"
+#line 1474 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1482 "templates/gemm_sm90.lua"
+#line 1489 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -3104,53 +3104,53 @@ kimi_k2_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8_gx(const __grid_constant_
                                 const float o0 = swiglu(acc[m][8 * j + 2 * h], acc[m][8 * j + 4 + 2 * h]);
                                 const float o1 = swiglu(acc[m][8 * j + 2 * h + 1], acc[m][8 * j + 5 + 2 * h]);
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
-#line 1497 "templates/gemm_sm90.lua"
+#line 1504 "templates/gemm_sm90.lua"
                             }
                     }
-#line 1329 "templates/gemm_sm90.lua"
+#line 1336 "templates/gemm_sm90.lua"
                 }
                 consumers_sync();
                 store_staged(hbuf + ((long long)row_start * NOUT + n0 / 2 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 / 2 - pass * EPI_COLS, ct);
             }
-#line 1335 "templates/gemm_sm90.lua"
+#line 1342 "templates/gemm_sm90.lua"
         }
-#line 1337 "templates/gemm_sm90.lua"
+#line 1344 "templates/gemm_sm90.lua"
     }
-#line 1341 "templates/gemm_sm90.lua"
+#line 1348 "templates/gemm_sm90.lua"
 #else
-#line 1343 "templates/gemm_sm90.lua"
+#line 1350 "templates/gemm_sm90.lua"
     (void)xs_map;
-#line 1343 "templates/gemm_sm90.lua"
+#line 1350 "templates/gemm_sm90.lua"
     (void)w1p_map;
-#line 1343 "templates/gemm_sm90.lua"
+#line 1350 "templates/gemm_sm90.lua"
     (void)b1p;
-#line 1343 "templates/gemm_sm90.lua"
+#line 1350 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 1343 "templates/gemm_sm90.lua"
+#line 1350 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 1343 "templates/gemm_sm90.lua"
+#line 1350 "templates/gemm_sm90.lua"
     (void)hbuf;
-#line 1343 "templates/gemm_sm90.lua"
+#line 1350 "templates/gemm_sm90.lua"
     (void)gx;
-#line 1345 "templates/gemm_sm90.lua"
+#line 1352 "templates/gemm_sm90.lua"
     (void)src_of;
     __trap();
 #endif
 }
 
-#line 1168 "templates/gemm_sm90.lua"
+#line 1175 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace kimi_k2_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8_impl {
-#line 301 "templates/gemm_sm90.lua"
+#line 305 "templates/gemm_sm90.lua"
 constexpr int BM = 64, BN = 128, BK = 64, STAGES = 6, CONSUMERS = 1;
 constexpr int K = 2048;        /* reduction length */
 constexpr int N = 7168;        /* rows of B per expert */
 constexpr int NOUT = 7168;  /* output row length */
 constexpr int BNO = 128;    /* output columns per tile */
-#line 309 "templates/gemm_sm90.lua"
+#line 313 "templates/gemm_sm90.lua"
 constexpr int WG_ROWS = BM / CONSUMERS;  /* rows per consumer warpgroup */
-#line 311 "templates/gemm_sm90.lua"
+#line 315 "templates/gemm_sm90.lua"
 constexpr int WM = WG_ROWS / 64;         /* m64 wgmma blocks per consumer */
 constexpr int NACC = BN / 2;             /* fp32 accumulators per thread and m64 block */
 constexpr int A_BYTES = 8192, STAGE_BYTES = 24576;
@@ -3160,21 +3160,21 @@ constexpr bool PERSISTENT = false;
 constexpr int RING = STAGES * STAGE_BYTES;
 /* the staging tile: its own after the ring on a persistent grid; with one
  * CTA per tile, the ring itself once the main loop is done */
-#line 337 "templates/gemm_sm90.lua"
+#line 344 "templates/gemm_sm90.lua"
 constexpr int EPI_OFF = PERSISTENT ? RING : 0;
 constexpr int BAR_OFF = PERSISTENT ? RING + (BM * LDC * 2 + 15) / 16 * 16 : RING;  /* full[STAGES], then empty[STAGES] */
-#line 340 "templates/gemm_sm90.lua"
+#line 347 "templates/gemm_sm90.lua"
 static_assert(PERSISTENT || BM * LDC * 2 <= RING, "the output tile (BM x LDC halves) fits in the stages");
 /* the plan's numbers (gen/family_gemm.c): this layout must be its shared
  * memory exactly (moe_gemm_sm90_smem), the block one producer and
  * CONSUMERS consumer warpgroups */
 static_assert(BAR_OFF + 16 * STAGES == 147552, "the shared-memory layout is the plan's (moe_gemm_sm90_smem)");
 static_assert(256 == 128 * (CONSUMERS + 1), "threads: one producer and CONSUMERS consumer warpgroups");
-#line 352 "templates/gemm_sm90.lua"
+#line 359 "templates/gemm_sm90.lua"
 constexpr int KTILES = (K + BK - 1) / BK, KSTEPS = BK / 16, KATOMS = BK / 64;
-#line 354 "templates/gemm_sm90.lua"
+#line 361 "templates/gemm_sm90.lua"
 constexpr int NTILES = (N + BN - 1) / BN;  /* N tiles per M tile */
-#line 362 "templates/gemm_sm90.lua"
+#line 369 "templates/gemm_sm90.lua"
 constexpr int CTHREADS = 128 * CONSUMERS;
 constexpr bool N_TAIL = false;
 constexpr bool OUT_TAIL = false;
@@ -3209,7 +3209,7 @@ static __device__ __forceinline__ void tma_load(unsigned s, const moe_tmap_t *ma
                  " [%0], [%1, {%2, %3}], [%4];\n"
                  :: "r"(s), "l"((unsigned long long)map), "r"(k0), "r"(row), "r"(b) : "memory");
 }
-#line 411 "templates/gemm_sm90.lua"
+#line 418 "templates/gemm_sm90.lua"
 static __device__ __forceinline__ void tma_prefetch_map(const moe_tmap_t *map) {
     asm volatile("prefetch.tensormap [%0];\n" :: "l"((unsigned long long)map) : "memory");
 }
@@ -3219,7 +3219,7 @@ static __device__ __forceinline__ void fence_proxy_async() {
 static __device__ __forceinline__ void consumers_sync() {
     asm volatile("bar.sync 1, %0;\n" :: "n"(CTHREADS) : "memory");
 }
-#line 459 "templates/gemm_sm90.lua"
+#line 466 "templates/gemm_sm90.lua"
 static __device__ __forceinline__ void st_shared_u32(unsigned s, unsigned v) {
     asm volatile("st.shared.u32 [%0], %1;\n" :: "r"(s), "r"(v) : "memory");
 }
@@ -3235,10 +3235,10 @@ static __device__ __forceinline__ void copy16_s2g(void *g, unsigned s) {
 static __device__ __forceinline__ unsigned long long sdesc(unsigned addr) {
     return (unsigned long long)((addr & 0x3FFFFu) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
 }
-#line 485 "templates/gemm_sm90.lua"
+#line 492 "templates/gemm_sm90.lua"
 /* d (64 x BN fp32, this thread's part) += A(64 x 16) . B(BN x 16)^T. */
 static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long long da, unsigned long long db) {
-#line 489 "templates/gemm_sm90.lua"
+#line 496 "templates/gemm_sm90.lua"
     asm volatile("{\n"
                  ".reg .pred p;\n"
                  "setp.ne.b32 p, %66, 0;\n"
@@ -3246,45 +3246,45 @@ static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long lon
                  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63},\n"
                  "%64, %65, p, 1, 1, 0, 0;\n"
                  "}\n"
-#line 498 "templates/gemm_sm90.lua"
+#line 505 "templates/gemm_sm90.lua"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-#line 498 "templates/gemm_sm90.lua"
+#line 505 "templates/gemm_sm90.lua"
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-#line 498 "templates/gemm_sm90.lua"
+#line 505 "templates/gemm_sm90.lua"
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-#line 498 "templates/gemm_sm90.lua"
+#line 505 "templates/gemm_sm90.lua"
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-#line 498 "templates/gemm_sm90.lua"
+#line 505 "templates/gemm_sm90.lua"
                    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-#line 498 "templates/gemm_sm90.lua"
+#line 505 "templates/gemm_sm90.lua"
                    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-#line 498 "templates/gemm_sm90.lua"
+#line 505 "templates/gemm_sm90.lua"
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-#line 498 "templates/gemm_sm90.lua"
+#line 505 "templates/gemm_sm90.lua"
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-#line 500 "templates/gemm_sm90.lua"
+#line 507 "templates/gemm_sm90.lua"
                  : "l"(da), "l"(db), "r"(1));
 }
 /* Keep the compiler from moving accumulator accesses across a wgmma wait. */
 static __device__ __forceinline__ void fence_acc(float (&d)[NACC]) {
     asm volatile(""
-#line 506 "templates/gemm_sm90.lua"
+#line 513 "templates/gemm_sm90.lua"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-#line 506 "templates/gemm_sm90.lua"
+#line 513 "templates/gemm_sm90.lua"
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-#line 506 "templates/gemm_sm90.lua"
+#line 513 "templates/gemm_sm90.lua"
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-#line 506 "templates/gemm_sm90.lua"
+#line 513 "templates/gemm_sm90.lua"
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-#line 506 "templates/gemm_sm90.lua"
+#line 513 "templates/gemm_sm90.lua"
                    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-#line 506 "templates/gemm_sm90.lua"
+#line 513 "templates/gemm_sm90.lua"
                    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-#line 506 "templates/gemm_sm90.lua"
+#line 513 "templates/gemm_sm90.lua"
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-#line 506 "templates/gemm_sm90.lua"
+#line 513 "templates/gemm_sm90.lua"
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-#line 508 "templates/gemm_sm90.lua"
+#line 515 "templates/gemm_sm90.lua"
                  :: "memory");
 }
 static __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -3292,7 +3292,7 @@ static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.comm
 template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
-#line 720 "templates/gemm_sm90.lua"
+#line 727 "templates/gemm_sm90.lua"
 
 #line 18 "templates/gemm_sm80.lua"
 /* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
@@ -3310,7 +3310,7 @@ static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, 
     nt = within / size;
 #line 36 "templates/gemm_sm80.lua"
 }
-#line 746 "templates/gemm_sm90.lua"
+#line 753 "templates/gemm_sm90.lua"
 
 /* The producer (one thread): for every tile of this CTA, every k tile of
  * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
@@ -3321,16 +3321,16 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
                                                const moe_tile_t *__restrict__ tiles, int mtiles) {
     int s = 0;
     unsigned phase = 0;
-#line 796 "templates/gemm_sm90.lua"
+#line 803 "templates/gemm_sm90.lua"
     for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
         int mt, nt;
         tile_of(lin, mtiles, NTILES, mt, nt);
         const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
         if (rows <= 0)
             continue;
-#line 805 "templates/gemm_sm90.lua"
+#line 812 "templates/gemm_sm90.lua"
         const int brow = expert * N + nt * BN;
-#line 807 "templates/gemm_sm90.lua"
+#line 814 "templates/gemm_sm90.lua"
         for (int kt = 0; kt < KTILES; ++kt) {
             const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
             bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
@@ -3338,9 +3338,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
 #pragma unroll
             for (int a = 0; a < KATOMS; ++a) {
                 tma_load(so + a * (BM * 128), ma, kt * BK + a * 64, row_start, full);
-#line 822 "templates/gemm_sm90.lua"
+#line 829 "templates/gemm_sm90.lua"
                 tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
-#line 824 "templates/gemm_sm90.lua"
+#line 831 "templates/gemm_sm90.lua"
             }
             if (++s == STAGES) {
                 s = 0;
@@ -3348,26 +3348,26 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
             }
         }
     }
-#line 832 "templates/gemm_sm90.lua"
+#line 839 "templates/gemm_sm90.lua"
 }
 
-#line 909 "templates/gemm_sm90.lua"
+#line 916 "templates/gemm_sm90.lua"
 /* A consumer warpgroup (cw) on one tile: acc (its WG_ROWS x BN fp32 tile)
  * = A . B^T over all k tiles, from ring position (s, phase), which it
  * advances. The wgmma of k tile kt stay in flight while the warpgroup
  * waits for tile kt + 1; a stage is released once the wgmma that read it
  * retired (wait_group 1 after the next commit; the last one after
  * wait_group 0), so the producer refills it during the epilogue. */
-#line 930 "templates/gemm_sm90.lua"
+#line 937 "templates/gemm_sm90.lua"
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
                                                unsigned &phase) {
     const unsigned long long da0 = sdesc(sbase + (unsigned)cw * (WG_ROWS * 128));
-#line 934 "templates/gemm_sm90.lua"
+#line 941 "templates/gemm_sm90.lua"
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
     int prev = 0;
     for (int kt = 0; kt < KTILES; ++kt) {
         bar_wait(sbase + BAR_OFF + s * 8, phase);
-#line 942 "templates/gemm_sm90.lua"
+#line 949 "templates/gemm_sm90.lua"
         wgmma_fence();
         const unsigned long long so = (unsigned long long)(s * (STAGE_BYTES >> 4));
 #pragma unroll
@@ -3386,7 +3386,7 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 963 "templates/gemm_sm90.lua"
+#line 970 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -3424,7 +3424,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 1172 "templates/gemm_sm90.lua"
+#line 1179 "templates/gemm_sm90.lua"
 }  // namespace kimi_k2_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8_impl
 #endif
 
@@ -3446,69 +3446,69 @@ kimi_k2_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8(const __grid_constant__ moe_tm
 #pragma unroll
         for (int s = 0; s < STAGES; ++s) {
             bar_init(sbase + BAR_OFF + s * 8, 1);
-#line 1197 "templates/gemm_sm90.lua"
+#line 1204 "templates/gemm_sm90.lua"
             bar_init(sbase + BAR_OFF + (STAGES + s) * 8, CTHREADS);
-#line 1199 "templates/gemm_sm90.lua"
+#line 1206 "templates/gemm_sm90.lua"
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
-#line 1208 "templates/gemm_sm90.lua"
+#line 1215 "templates/gemm_sm90.lua"
     if (wg == 0) {
-#line 1218 "templates/gemm_sm90.lua"
+#line 1225 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
-#line 1221 "templates/gemm_sm90.lua"
-    } else {
 #line 1228 "templates/gemm_sm90.lua"
+    } else {
+#line 1235 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF;
-#line 1233 "templates/gemm_sm90.lua"
+#line 1240 "templates/gemm_sm90.lua"
         int s = 0;
         unsigned phase = 0;
-#line 1236 "templates/gemm_sm90.lua"
+#line 1243 "templates/gemm_sm90.lua"
         (void)b2;
-#line 1241 "templates/gemm_sm90.lua"
+#line 1248 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
             const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
             if (rows <= 0)
                 continue;
-#line 1248 "templates/gemm_sm90.lua"
+#line 1255 "templates/gemm_sm90.lua"
             const int n0 = nt * BN;
             (void)expert;
             /* consumer warpgroups with rows of the tile; the others only release the stages */
             const int n_active = ((rows < BM ? rows : BM) + WG_ROWS - 1) / WG_ROWS;
-#line 1255 "templates/gemm_sm90.lua"
+#line 1262 "templates/gemm_sm90.lua"
             float acc[WM][NACC];
 #pragma unroll
             for (int m = 0; m < WM; ++m)
 #pragma unroll
                 for (int i = 0; i < NACC; ++i)
                     acc[m][i] = 0.0f;
-#line 1298 "templates/gemm_sm90.lua"
+#line 1305 "templates/gemm_sm90.lua"
             if (cw >= n_active)
                 skip_tile(sbase, s, phase);
-#line 1306 "templates/gemm_sm90.lua"
+#line 1313 "templates/gemm_sm90.lua"
             else
                 consume(acc, sbase, cw, s, phase);
-#line 1315 "templates/gemm_sm90.lua"
+#line 1322 "templates/gemm_sm90.lua"
             /* the output is staged in the ring: order this warpgroup's wgmma
              * reads of it (async proxy) before the stores below */
             fence_proxy_async();
-#line 1324 "templates/gemm_sm90.lua"
+#line 1331 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
                 if (cw < n_active) {
-#line 1519 "templates/gemm_sm90.lua"
+#line 1526 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
-#line 1524 "templates/gemm_sm90.lua"
+#line 1531 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1544 "templates/gemm_sm90.lua"
+#line 1551 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -3518,46 +3518,46 @@ kimi_k2_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8(const __grid_constant__ moe_tm
                                               moe_pack2(acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]));
                             }
                     }
-#line 1329 "templates/gemm_sm90.lua"
+#line 1336 "templates/gemm_sm90.lua"
                 }
                 consumers_sync();
                 store_staged(obuf + ((long long)row_start * NOUT + n0 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 - pass * EPI_COLS, ct);
             }
-#line 1335 "templates/gemm_sm90.lua"
+#line 1342 "templates/gemm_sm90.lua"
         }
-#line 1337 "templates/gemm_sm90.lua"
+#line 1344 "templates/gemm_sm90.lua"
     }
-#line 1341 "templates/gemm_sm90.lua"
+#line 1348 "templates/gemm_sm90.lua"
 #else
-#line 1343 "templates/gemm_sm90.lua"
+#line 1350 "templates/gemm_sm90.lua"
     (void)hbuf_map;
-#line 1343 "templates/gemm_sm90.lua"
+#line 1350 "templates/gemm_sm90.lua"
     (void)w2_map;
-#line 1343 "templates/gemm_sm90.lua"
+#line 1350 "templates/gemm_sm90.lua"
     (void)b2;
-#line 1343 "templates/gemm_sm90.lua"
+#line 1350 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 1343 "templates/gemm_sm90.lua"
+#line 1350 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 1345 "templates/gemm_sm90.lua"
+#line 1352 "templates/gemm_sm90.lua"
     (void)obuf;
     __trap();
 #endif
 }
 
-#line 1168 "templates/gemm_sm90.lua"
+#line 1175 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace kimi_k2_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_gx_impl {
-#line 301 "templates/gemm_sm90.lua"
+#line 305 "templates/gemm_sm90.lua"
 constexpr int BM = 64, BN = 256, BK = 64, STAGES = 4, CONSUMERS = 2;
 constexpr int K = 7168;        /* reduction length */
 constexpr int N = 4096;        /* rows of B per expert */
 constexpr int NOUT = 2048;  /* output row length */
 constexpr int BNO = 128;    /* output columns per tile */
-#line 307 "templates/gemm_sm90.lua"
-constexpr int WG_ROWS = BM;              /* rows per consumer warpgroup: the whole tile (ping-pong) */
 #line 311 "templates/gemm_sm90.lua"
+constexpr int WG_ROWS = BM;              /* rows per consumer warpgroup: the whole tile (ping-pong) */
+#line 315 "templates/gemm_sm90.lua"
 constexpr int WM = WG_ROWS / 64;         /* m64 wgmma blocks per consumer */
 constexpr int NACC = BN / 2;             /* fp32 accumulators per thread and m64 block */
 constexpr int A_BYTES = 8192, STAGE_BYTES = 40960;
@@ -3567,24 +3567,24 @@ constexpr bool PERSISTENT = true;
 constexpr int RING = STAGES * STAGE_BYTES;
 /* the staging tile: its own after the ring on a persistent grid; with one
  * CTA per tile, the ring itself once the main loop is done */
-#line 321 "templates/gemm_sm90.lua"
+#line 325 "templates/gemm_sm90.lua"
 constexpr int EPI_BYTES = (BM * LDC * 2 + 15) / 16 * 16;  /* one staging tile; consumer warpgroup w's at EPI_OFF + w * EPI_BYTES */
 constexpr int EPI_OFF = RING;
 constexpr int BAR_OFF = RING + 2 * EPI_BYTES;  /* full[STAGES], then empty[STAGES] */
 constexpr int ORDER_BAR = 2;  /* named barriers ORDER_BAR + w: warpgroup w may start its next main loop */
 constexpr int EPI_BAR = 4;    /* named barriers EPI_BAR + w: warpgroup w's own (its staging passes) */
-#line 340 "templates/gemm_sm90.lua"
+#line 347 "templates/gemm_sm90.lua"
 static_assert(PERSISTENT || BM * LDC * 2 <= RING, "the output tile (BM x LDC halves) fits in the stages");
 /* the plan's numbers (gen/family_gemm.c): this layout must be its shared
  * memory exactly (moe_gemm_sm90_smem), the block one producer and
  * CONSUMERS consumer warpgroups */
 static_assert(BAR_OFF + 16 * STAGES == 198720, "the shared-memory layout is the plan's (moe_gemm_sm90_smem)");
 static_assert(384 == 128 * (CONSUMERS + 1), "threads: one producer and CONSUMERS consumer warpgroups");
-#line 352 "templates/gemm_sm90.lua"
+#line 359 "templates/gemm_sm90.lua"
 constexpr int KTILES = (K + BK - 1) / BK, KSTEPS = BK / 16, KATOMS = BK / 64;
-#line 354 "templates/gemm_sm90.lua"
+#line 361 "templates/gemm_sm90.lua"
 constexpr int NTILES = (N + BN - 1) / BN;  /* N tiles per M tile */
-#line 362 "templates/gemm_sm90.lua"
+#line 369 "templates/gemm_sm90.lua"
 constexpr int CTHREADS = 128 * CONSUMERS;
 constexpr bool N_TAIL = false;
 constexpr bool OUT_TAIL = false;
@@ -3619,7 +3619,7 @@ static __device__ __forceinline__ void tma_load(unsigned s, const moe_tmap_t *ma
                  " [%0], [%1, {%2, %3}], [%4];\n"
                  :: "r"(s), "l"((unsigned long long)map), "r"(k0), "r"(row), "r"(b) : "memory");
 }
-#line 411 "templates/gemm_sm90.lua"
+#line 418 "templates/gemm_sm90.lua"
 static __device__ __forceinline__ void tma_prefetch_map(const moe_tmap_t *map) {
     asm volatile("prefetch.tensormap [%0];\n" :: "l"((unsigned long long)map) : "memory");
 }
@@ -3629,7 +3629,7 @@ static __device__ __forceinline__ void fence_proxy_async() {
 static __device__ __forceinline__ void consumers_sync() {
     asm volatile("bar.sync 1, %0;\n" :: "n"(CTHREADS) : "memory");
 }
-#line 459 "templates/gemm_sm90.lua"
+#line 466 "templates/gemm_sm90.lua"
 static __device__ __forceinline__ void st_shared_u32(unsigned s, unsigned v) {
     asm volatile("st.shared.u32 [%0], %1;\n" :: "r"(s), "r"(v) : "memory");
 }
@@ -3645,10 +3645,10 @@ static __device__ __forceinline__ void copy16_s2g(void *g, unsigned s) {
 static __device__ __forceinline__ unsigned long long sdesc(unsigned addr) {
     return (unsigned long long)((addr & 0x3FFFFu) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
 }
-#line 485 "templates/gemm_sm90.lua"
+#line 492 "templates/gemm_sm90.lua"
 /* d (64 x BN fp32, this thread's part) += A(64 x 16) . B(BN x 16)^T. */
 static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long long da, unsigned long long db) {
-#line 489 "templates/gemm_sm90.lua"
+#line 496 "templates/gemm_sm90.lua"
     asm volatile("{\n"
                  ".reg .pred p;\n"
                  "setp.ne.b32 p, %130, 0;\n"
@@ -3656,77 +3656,77 @@ static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long lon
                  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127},\n"
                  "%128, %129, p, 1, 1, 0, 0;\n"
                  "}\n"
-#line 498 "templates/gemm_sm90.lua"
+#line 505 "templates/gemm_sm90.lua"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-#line 498 "templates/gemm_sm90.lua"
+#line 505 "templates/gemm_sm90.lua"
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-#line 498 "templates/gemm_sm90.lua"
+#line 505 "templates/gemm_sm90.lua"
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-#line 498 "templates/gemm_sm90.lua"
+#line 505 "templates/gemm_sm90.lua"
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-#line 498 "templates/gemm_sm90.lua"
+#line 505 "templates/gemm_sm90.lua"
                    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-#line 498 "templates/gemm_sm90.lua"
+#line 505 "templates/gemm_sm90.lua"
                    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-#line 498 "templates/gemm_sm90.lua"
+#line 505 "templates/gemm_sm90.lua"
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-#line 498 "templates/gemm_sm90.lua"
+#line 505 "templates/gemm_sm90.lua"
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-#line 498 "templates/gemm_sm90.lua"
+#line 505 "templates/gemm_sm90.lua"
                    "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-#line 498 "templates/gemm_sm90.lua"
+#line 505 "templates/gemm_sm90.lua"
                    "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-#line 498 "templates/gemm_sm90.lua"
+#line 505 "templates/gemm_sm90.lua"
                    "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-#line 498 "templates/gemm_sm90.lua"
+#line 505 "templates/gemm_sm90.lua"
                    "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-#line 498 "templates/gemm_sm90.lua"
+#line 505 "templates/gemm_sm90.lua"
                    "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-#line 498 "templates/gemm_sm90.lua"
+#line 505 "templates/gemm_sm90.lua"
                    "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-#line 498 "templates/gemm_sm90.lua"
+#line 505 "templates/gemm_sm90.lua"
                    "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-#line 498 "templates/gemm_sm90.lua"
+#line 505 "templates/gemm_sm90.lua"
                    "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-#line 500 "templates/gemm_sm90.lua"
+#line 507 "templates/gemm_sm90.lua"
                  : "l"(da), "l"(db), "r"(1));
 }
 /* Keep the compiler from moving accumulator accesses across a wgmma wait. */
 static __device__ __forceinline__ void fence_acc(float (&d)[NACC]) {
     asm volatile(""
-#line 506 "templates/gemm_sm90.lua"
+#line 513 "templates/gemm_sm90.lua"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-#line 506 "templates/gemm_sm90.lua"
+#line 513 "templates/gemm_sm90.lua"
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-#line 506 "templates/gemm_sm90.lua"
+#line 513 "templates/gemm_sm90.lua"
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-#line 506 "templates/gemm_sm90.lua"
+#line 513 "templates/gemm_sm90.lua"
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-#line 506 "templates/gemm_sm90.lua"
+#line 513 "templates/gemm_sm90.lua"
                    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-#line 506 "templates/gemm_sm90.lua"
+#line 513 "templates/gemm_sm90.lua"
                    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-#line 506 "templates/gemm_sm90.lua"
+#line 513 "templates/gemm_sm90.lua"
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-#line 506 "templates/gemm_sm90.lua"
+#line 513 "templates/gemm_sm90.lua"
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-#line 506 "templates/gemm_sm90.lua"
+#line 513 "templates/gemm_sm90.lua"
                    "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-#line 506 "templates/gemm_sm90.lua"
+#line 513 "templates/gemm_sm90.lua"
                    "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-#line 506 "templates/gemm_sm90.lua"
+#line 513 "templates/gemm_sm90.lua"
                    "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-#line 506 "templates/gemm_sm90.lua"
+#line 513 "templates/gemm_sm90.lua"
                    "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-#line 506 "templates/gemm_sm90.lua"
+#line 513 "templates/gemm_sm90.lua"
                    "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-#line 506 "templates/gemm_sm90.lua"
+#line 513 "templates/gemm_sm90.lua"
                    "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-#line 506 "templates/gemm_sm90.lua"
+#line 513 "templates/gemm_sm90.lua"
                    "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-#line 506 "templates/gemm_sm90.lua"
+#line 513 "templates/gemm_sm90.lua"
                    "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-#line 508 "templates/gemm_sm90.lua"
+#line 515 "templates/gemm_sm90.lua"
                  :: "memory");
 }
 static __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -3734,7 +3734,7 @@ static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.comm
 template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
-#line 698 "templates/gemm_sm90.lua"
+#line 705 "templates/gemm_sm90.lua"
 
 /* The ping-pong order: consumer warpgroup cw waits until the other one
  * arrived (having issued the main loop of the tile before cw's), and
@@ -3756,7 +3756,7 @@ static __device__ __forceinline__ void ring_skip(int &s, unsigned &phase) {
     s = p % STAGES;
     phase ^= (unsigned)(p / STAGES) & 1u;
 }
-#line 720 "templates/gemm_sm90.lua"
+#line 727 "templates/gemm_sm90.lua"
 
 #line 18 "templates/gemm_sm80.lua"
 /* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
@@ -3774,7 +3774,7 @@ static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, 
     nt = within / size;
 #line 36 "templates/gemm_sm80.lua"
 }
-#line 746 "templates/gemm_sm90.lua"
+#line 753 "templates/gemm_sm90.lua"
 
 /* The producer (one thread): for every tile of this CTA, every k tile of
  * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
@@ -3785,16 +3785,16 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
                                                const moe_tile_t *__restrict__ tiles, int mtiles) {
     int s = 0;
     unsigned phase = 0;
-#line 796 "templates/gemm_sm90.lua"
+#line 803 "templates/gemm_sm90.lua"
     for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
         int mt, nt;
         tile_of(lin, mtiles, NTILES, mt, nt);
         const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
         if (rows <= 0)
             continue;
-#line 805 "templates/gemm_sm90.lua"
+#line 812 "templates/gemm_sm90.lua"
         const int brow = expert * N + nt * BN;
-#line 807 "templates/gemm_sm90.lua"
+#line 814 "templates/gemm_sm90.lua"
         for (int kt = 0; kt < KTILES; ++kt) {
             const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
             bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
@@ -3802,9 +3802,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
 #pragma unroll
             for (int a = 0; a < KATOMS; ++a) {
                 tma_load(so + a * (BM * 128), ma, kt * BK + a * 64, row_start, full);
-#line 822 "templates/gemm_sm90.lua"
+#line 829 "templates/gemm_sm90.lua"
                 tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
-#line 824 "templates/gemm_sm90.lua"
+#line 831 "templates/gemm_sm90.lua"
             }
             if (++s == STAGES) {
                 s = 0;
@@ -3812,10 +3812,10 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
             }
         }
     }
-#line 832 "templates/gemm_sm90.lua"
+#line 839 "templates/gemm_sm90.lua"
 }
 
-#line 835 "templates/gemm_sm90.lua"
+#line 842 "templates/gemm_sm90.lua"
 /* The gathering producer (the call's src_of given; docs/DESIGN.md, "The
  * gathered up GEMM"): the 128 threads of warpgroup 0. Row i of a tile's A
  * is x[src_of[row_start + i]]; thread pt copies 16-byte chunk j = pt % 8 of
@@ -3838,7 +3838,7 @@ static __device__ __forceinline__ void produce_gather(unsigned sbase, const moe_
     constexpr int RPT = BM / 16;  /* rows per thread */
     const int j = pt & 7, r0 = pt >> 3;
     const unsigned my = (unsigned)r0 * 128u + ((unsigned)(j ^ (r0 & 7)) << 4);  /* in a stage's A atom */
-#line 860 "templates/gemm_sm90.lua"
+#line 867 "templates/gemm_sm90.lua"
     int s = 0;
     unsigned phase = 0;
     for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
@@ -3859,9 +3859,9 @@ static __device__ __forceinline__ void produce_gather(unsigned sbase, const moe_
                 bar_arrive_expect_tx(full, STAGE_BYTES - A_BYTES);
 #pragma unroll
                 for (int a = 0; a < KATOMS; ++a)
-#line 883 "templates/gemm_sm90.lua"
+#line 890 "templates/gemm_sm90.lua"
                     tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
-#line 885 "templates/gemm_sm90.lua"
+#line 892 "templates/gemm_sm90.lua"
             }
 #pragma unroll
             for (int a = 0; a < KATOMS; ++a) {
@@ -3885,14 +3885,14 @@ static __device__ __forceinline__ void produce_gather(unsigned sbase, const moe_
     asm volatile("cp.async.wait_all;\n" ::: "memory");
 }
 
-#line 909 "templates/gemm_sm90.lua"
+#line 916 "templates/gemm_sm90.lua"
 /* A consumer warpgroup (cw) on one tile: acc (its WG_ROWS x BN fp32 tile)
  * = A . B^T over all k tiles, from ring position (s, phase), which it
  * advances. The wgmma of k tile kt stay in flight while the warpgroup
  * waits for tile kt + 1; a stage is released once the wgmma that read it
  * retired (wait_group 1 after the next commit; the last one after
  * wait_group 0), so the producer refills it during the epilogue. */
-#line 916 "templates/gemm_sm90.lua"
+#line 923 "templates/gemm_sm90.lua"
 /* Ping-pong: the warpgroup's rows are the whole tile, of which the first
  * ACT m64 blocks are computed (a short tile's others stay 0: a compile-time
  * count, since a branch among the wgmma makes ptxas wait on them), and it
@@ -3901,15 +3901,15 @@ template <int ACT>
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
                                                unsigned &phase, bool gathered) {
     const unsigned long long da0 = sdesc(sbase);
-#line 934 "templates/gemm_sm90.lua"
+#line 941 "templates/gemm_sm90.lua"
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
     int prev = 0;
     for (int kt = 0; kt < KTILES; ++kt) {
         bar_wait(sbase + BAR_OFF + s * 8, phase);
-#line 939 "templates/gemm_sm90.lua"
+#line 946 "templates/gemm_sm90.lua"
         if (gathered)  /* A came by cp.async (generic proxy); wgmma reads by the async proxy */
             fence_proxy_async();
-#line 942 "templates/gemm_sm90.lua"
+#line 949 "templates/gemm_sm90.lua"
         wgmma_fence();
         const unsigned long long so = (unsigned long long)(s * (STAGE_BYTES >> 4));
 #pragma unroll
@@ -3928,9 +3928,9 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 961 "templates/gemm_sm90.lua"
+#line 968 "templates/gemm_sm90.lua"
     order_arrive(cw);
-#line 963 "templates/gemm_sm90.lua"
+#line 970 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -3974,7 +3974,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
 static __device__ __forceinline__ float swiglu(float gate, float up) {
     return up * gate * moe_sigmoid(gate);
 }
-#line 1172 "templates/gemm_sm90.lua"
+#line 1179 "templates/gemm_sm90.lua"
 }  // namespace kimi_k2_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_gx_impl
 #endif
 
@@ -3996,50 +3996,50 @@ kimi_k2_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_gx(const __grid_
 #pragma unroll
         for (int s = 0; s < STAGES; ++s) {
             bar_init(sbase + BAR_OFF + s * 8, src_of ? 1 + 128 : 1);
-#line 1197 "templates/gemm_sm90.lua"
+#line 1204 "templates/gemm_sm90.lua"
             bar_init(sbase + BAR_OFF + (STAGES + s) * 8, 128);
-#line 1199 "templates/gemm_sm90.lua"
+#line 1206 "templates/gemm_sm90.lua"
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
-#line 1208 "templates/gemm_sm90.lua"
+#line 1215 "templates/gemm_sm90.lua"
     if (wg == 0) {
-#line 1210 "templates/gemm_sm90.lua"
+#line 1217 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 1213 "templates/gemm_sm90.lua"
+#line 1220 "templates/gemm_sm90.lua"
         if (src_of)  /* the rows gathered from x (the call's scatter wrote only the maps) */
             produce_gather(sbase, &w1p_map, tiles, mtiles, gx, src_of, tid);
         else if (tid == 0)
             produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
-#line 1221 "templates/gemm_sm90.lua"
+#line 1228 "templates/gemm_sm90.lua"
     } else {
-#line 1223 "templates/gemm_sm90.lua"
+#line 1230 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 1086 "templates/gemm_sm90.lua"
+#line 1093 "templates/gemm_sm90.lua"
         /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
         const int cw = wg - 1, ct = tid & 127, w = ct >> 5, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF + (unsigned)cw * EPI_BYTES;
-#line 1092 "templates/gemm_sm90.lua"
+#line 1099 "templates/gemm_sm90.lua"
         int s = 0, jt = 0;
         unsigned phase = 0;
-#line 1095 "templates/gemm_sm90.lua"
+#line 1102 "templates/gemm_sm90.lua"
         (void)b1p;
-#line 1100 "templates/gemm_sm90.lua"
+#line 1107 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
             const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
             if (rows <= 0)
                 continue;
-#line 1107 "templates/gemm_sm90.lua"
+#line 1114 "templates/gemm_sm90.lua"
             if ((jt++ & 1) != cw) {  /* the other warpgroup's tile: step over its stages */
                 ring_skip(s, phase);
                 continue;
             }
             if (jt > 1)
                 order_wait(cw);  /* the other warpgroup issued the main loop of tile jt - 2 */
-#line 1120 "templates/gemm_sm90.lua"
+#line 1127 "templates/gemm_sm90.lua"
             const int n0 = nt * BN;
             (void)expert;
             float acc[WM][NACC];
@@ -4052,22 +4052,22 @@ kimi_k2_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_gx(const __grid_
             for (int m = 0; m < WM; ++m)
                 fence_acc(acc[m]);  /* the zeros are written before the main loop's wgmma.fence */
             /* consume arrives for the other warpgroup once its main loop is issued */
-#line 1138 "templates/gemm_sm90.lua"
-            consume<1>(acc, sbase, cw, s, phase, src_of != nullptr);
 #line 1145 "templates/gemm_sm90.lua"
+            consume<1>(acc, sbase, cw, s, phase, src_of != nullptr);
+#line 1152 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 1460 "templates/gemm_sm90.lua"
+#line 1467 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
                      * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
                      * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 1467 "templates/gemm_sm90.lua"
+#line 1474 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1482 "templates/gemm_sm90.lua"
+#line 1489 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -4076,56 +4076,56 @@ kimi_k2_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_gx(const __grid_
                                 const float o0 = swiglu(acc[m][8 * j + 2 * h], acc[m][8 * j + 4 + 2 * h]);
                                 const float o1 = swiglu(acc[m][8 * j + 2 * h + 1], acc[m][8 * j + 5 + 2 * h]);
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
-#line 1497 "templates/gemm_sm90.lua"
+#line 1504 "templates/gemm_sm90.lua"
                             }
                     }
-#line 1150 "templates/gemm_sm90.lua"
+#line 1157 "templates/gemm_sm90.lua"
                 }
                 wg_sync(cw);
                 store_staged(hbuf + ((long long)row_start * NOUT + n0 / 2 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 / 2 - pass * EPI_COLS, ct);
             }
-#line 1156 "templates/gemm_sm90.lua"
+#line 1163 "templates/gemm_sm90.lua"
         }
         /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
         if (jt > 0 && (jt & 1) == cw)
             order_wait(cw);
-#line 1337 "templates/gemm_sm90.lua"
+#line 1344 "templates/gemm_sm90.lua"
     }
-#line 1341 "templates/gemm_sm90.lua"
+#line 1348 "templates/gemm_sm90.lua"
 #else
-#line 1343 "templates/gemm_sm90.lua"
+#line 1350 "templates/gemm_sm90.lua"
     (void)xs_map;
-#line 1343 "templates/gemm_sm90.lua"
+#line 1350 "templates/gemm_sm90.lua"
     (void)w1p_map;
-#line 1343 "templates/gemm_sm90.lua"
+#line 1350 "templates/gemm_sm90.lua"
     (void)b1p;
-#line 1343 "templates/gemm_sm90.lua"
+#line 1350 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 1343 "templates/gemm_sm90.lua"
+#line 1350 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 1343 "templates/gemm_sm90.lua"
+#line 1350 "templates/gemm_sm90.lua"
     (void)hbuf;
-#line 1343 "templates/gemm_sm90.lua"
+#line 1350 "templates/gemm_sm90.lua"
     (void)gx;
-#line 1345 "templates/gemm_sm90.lua"
+#line 1352 "templates/gemm_sm90.lua"
     (void)src_of;
     __trap();
 #endif
 }
 
-#line 1168 "templates/gemm_sm90.lua"
+#line 1175 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace kimi_k2_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_impl {
-#line 301 "templates/gemm_sm90.lua"
+#line 305 "templates/gemm_sm90.lua"
 constexpr int BM = 64, BN = 256, BK = 64, STAGES = 4, CONSUMERS = 2;
 constexpr int K = 2048;        /* reduction length */
 constexpr int N = 7168;        /* rows of B per expert */
 constexpr int NOUT = 7168;  /* output row length */
 constexpr int BNO = 256;    /* output columns per tile */
-#line 307 "templates/gemm_sm90.lua"
-constexpr int WG_ROWS = BM;              /* rows per consumer warpgroup: the whole tile (ping-pong) */
 #line 311 "templates/gemm_sm90.lua"
+constexpr int WG_ROWS = BM;              /* rows per consumer warpgroup: the whole tile (ping-pong) */
+#line 315 "templates/gemm_sm90.lua"
 constexpr int WM = WG_ROWS / 64;         /* m64 wgmma blocks per consumer */
 constexpr int NACC = BN / 2;             /* fp32 accumulators per thread and m64 block */
 constexpr int A_BYTES = 8192, STAGE_BYTES = 40960;
@@ -4135,24 +4135,24 @@ constexpr bool PERSISTENT = true;
 constexpr int RING = STAGES * STAGE_BYTES;
 /* the staging tile: its own after the ring on a persistent grid; with one
  * CTA per tile, the ring itself once the main loop is done */
-#line 321 "templates/gemm_sm90.lua"
+#line 325 "templates/gemm_sm90.lua"
 constexpr int EPI_BYTES = (BM * LDC * 2 + 15) / 16 * 16;  /* one staging tile; consumer warpgroup w's at EPI_OFF + w * EPI_BYTES */
 constexpr int EPI_OFF = RING;
 constexpr int BAR_OFF = RING + 2 * EPI_BYTES;  /* full[STAGES], then empty[STAGES] */
 constexpr int ORDER_BAR = 2;  /* named barriers ORDER_BAR + w: warpgroup w may start its next main loop */
 constexpr int EPI_BAR = 4;    /* named barriers EPI_BAR + w: warpgroup w's own (its staging passes) */
-#line 340 "templates/gemm_sm90.lua"
+#line 347 "templates/gemm_sm90.lua"
 static_assert(PERSISTENT || BM * LDC * 2 <= RING, "the output tile (BM x LDC halves) fits in the stages");
 /* the plan's numbers (gen/family_gemm.c): this layout must be its shared
  * memory exactly (moe_gemm_sm90_smem), the block one producer and
  * CONSUMERS consumer warpgroups */
 static_assert(BAR_OFF + 16 * STAGES == 198720, "the shared-memory layout is the plan's (moe_gemm_sm90_smem)");
 static_assert(384 == 128 * (CONSUMERS + 1), "threads: one producer and CONSUMERS consumer warpgroups");
-#line 352 "templates/gemm_sm90.lua"
+#line 359 "templates/gemm_sm90.lua"
 constexpr int KTILES = (K + BK - 1) / BK, KSTEPS = BK / 16, KATOMS = BK / 64;
-#line 354 "templates/gemm_sm90.lua"
+#line 361 "templates/gemm_sm90.lua"
 constexpr int NTILES = (N + BN - 1) / BN;  /* N tiles per M tile */
-#line 362 "templates/gemm_sm90.lua"
+#line 369 "templates/gemm_sm90.lua"
 constexpr int CTHREADS = 128 * CONSUMERS;
 constexpr bool N_TAIL = false;
 constexpr bool OUT_TAIL = false;
@@ -4187,7 +4187,7 @@ static __device__ __forceinline__ void tma_load(unsigned s, const moe_tmap_t *ma
                  " [%0], [%1, {%2, %3}], [%4];\n"
                  :: "r"(s), "l"((unsigned long long)map), "r"(k0), "r"(row), "r"(b) : "memory");
 }
-#line 411 "templates/gemm_sm90.lua"
+#line 418 "templates/gemm_sm90.lua"
 static __device__ __forceinline__ void tma_prefetch_map(const moe_tmap_t *map) {
     asm volatile("prefetch.tensormap [%0];\n" :: "l"((unsigned long long)map) : "memory");
 }
@@ -4197,7 +4197,7 @@ static __device__ __forceinline__ void fence_proxy_async() {
 static __device__ __forceinline__ void consumers_sync() {
     asm volatile("bar.sync 1, %0;\n" :: "n"(CTHREADS) : "memory");
 }
-#line 459 "templates/gemm_sm90.lua"
+#line 466 "templates/gemm_sm90.lua"
 static __device__ __forceinline__ void st_shared_u32(unsigned s, unsigned v) {
     asm volatile("st.shared.u32 [%0], %1;\n" :: "r"(s), "r"(v) : "memory");
 }
@@ -4213,10 +4213,10 @@ static __device__ __forceinline__ void copy16_s2g(void *g, unsigned s) {
 static __device__ __forceinline__ unsigned long long sdesc(unsigned addr) {
     return (unsigned long long)((addr & 0x3FFFFu) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
 }
-#line 485 "templates/gemm_sm90.lua"
+#line 492 "templates/gemm_sm90.lua"
 /* d (64 x BN fp32, this thread's part) += A(64 x 16) . B(BN x 16)^T. */
 static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long long da, unsigned long long db) {
-#line 489 "templates/gemm_sm90.lua"
+#line 496 "templates/gemm_sm90.lua"
     asm volatile("{\n"
                  ".reg .pred p;\n"
                  "setp.ne.b32 p, %130, 0;\n"
@@ -4224,77 +4224,77 @@ static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long lon
                  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127},\n"
                  "%128, %129, p, 1, 1, 0, 0;\n"
                  "}\n"
-#line 498 "templates/gemm_sm90.lua"
+#line 505 "templates/gemm_sm90.lua"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-#line 498 "templates/gemm_sm90.lua"
+#line 505 "templates/gemm_sm90.lua"
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-#line 498 "templates/gemm_sm90.lua"
+#line 505 "templates/gemm_sm90.lua"
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-#line 498 "templates/gemm_sm90.lua"
+#line 505 "templates/gemm_sm90.lua"
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-#line 498 "templates/gemm_sm90.lua"
+#line 505 "templates/gemm_sm90.lua"
                    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-#line 498 "templates/gemm_sm90.lua"
+#line 505 "templates/gemm_sm90.lua"
                    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-#line 498 "templates/gemm_sm90.lua"
+#line 505 "templates/gemm_sm90.lua"
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-#line 498 "templates/gemm_sm90.lua"
+#line 505 "templates/gemm_sm90.lua"
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-#line 498 "templates/gemm_sm90.lua"
+#line 505 "templates/gemm_sm90.lua"
                    "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-#line 498 "templates/gemm_sm90.lua"
+#line 505 "templates/gemm_sm90.lua"
                    "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-#line 498 "templates/gemm_sm90.lua"
+#line 505 "templates/gemm_sm90.lua"
                    "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-#line 498 "templates/gemm_sm90.lua"
+#line 505 "templates/gemm_sm90.lua"
                    "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-#line 498 "templates/gemm_sm90.lua"
+#line 505 "templates/gemm_sm90.lua"
                    "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-#line 498 "templates/gemm_sm90.lua"
+#line 505 "templates/gemm_sm90.lua"
                    "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-#line 498 "templates/gemm_sm90.lua"
+#line 505 "templates/gemm_sm90.lua"
                    "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-#line 498 "templates/gemm_sm90.lua"
+#line 505 "templates/gemm_sm90.lua"
                    "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-#line 500 "templates/gemm_sm90.lua"
+#line 507 "templates/gemm_sm90.lua"
                  : "l"(da), "l"(db), "r"(1));
 }
 /* Keep the compiler from moving accumulator accesses across a wgmma wait. */
 static __device__ __forceinline__ void fence_acc(float (&d)[NACC]) {
     asm volatile(""
-#line 506 "templates/gemm_sm90.lua"
+#line 513 "templates/gemm_sm90.lua"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-#line 506 "templates/gemm_sm90.lua"
+#line 513 "templates/gemm_sm90.lua"
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-#line 506 "templates/gemm_sm90.lua"
+#line 513 "templates/gemm_sm90.lua"
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-#line 506 "templates/gemm_sm90.lua"
+#line 513 "templates/gemm_sm90.lua"
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-#line 506 "templates/gemm_sm90.lua"
+#line 513 "templates/gemm_sm90.lua"
                    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-#line 506 "templates/gemm_sm90.lua"
+#line 513 "templates/gemm_sm90.lua"
                    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-#line 506 "templates/gemm_sm90.lua"
+#line 513 "templates/gemm_sm90.lua"
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-#line 506 "templates/gemm_sm90.lua"
+#line 513 "templates/gemm_sm90.lua"
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-#line 506 "templates/gemm_sm90.lua"
+#line 513 "templates/gemm_sm90.lua"
                    "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-#line 506 "templates/gemm_sm90.lua"
+#line 513 "templates/gemm_sm90.lua"
                    "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-#line 506 "templates/gemm_sm90.lua"
+#line 513 "templates/gemm_sm90.lua"
                    "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-#line 506 "templates/gemm_sm90.lua"
+#line 513 "templates/gemm_sm90.lua"
                    "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-#line 506 "templates/gemm_sm90.lua"
+#line 513 "templates/gemm_sm90.lua"
                    "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-#line 506 "templates/gemm_sm90.lua"
+#line 513 "templates/gemm_sm90.lua"
                    "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-#line 506 "templates/gemm_sm90.lua"
+#line 513 "templates/gemm_sm90.lua"
                    "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-#line 506 "templates/gemm_sm90.lua"
+#line 513 "templates/gemm_sm90.lua"
                    "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-#line 508 "templates/gemm_sm90.lua"
+#line 515 "templates/gemm_sm90.lua"
                  :: "memory");
 }
 static __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -4302,7 +4302,7 @@ static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.comm
 template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
-#line 698 "templates/gemm_sm90.lua"
+#line 705 "templates/gemm_sm90.lua"
 
 /* The ping-pong order: consumer warpgroup cw waits until the other one
  * arrived (having issued the main loop of the tile before cw's), and
@@ -4324,7 +4324,7 @@ static __device__ __forceinline__ void ring_skip(int &s, unsigned &phase) {
     s = p % STAGES;
     phase ^= (unsigned)(p / STAGES) & 1u;
 }
-#line 720 "templates/gemm_sm90.lua"
+#line 727 "templates/gemm_sm90.lua"
 
 #line 18 "templates/gemm_sm80.lua"
 /* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
@@ -4342,7 +4342,7 @@ static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, 
     nt = within / size;
 #line 36 "templates/gemm_sm80.lua"
 }
-#line 746 "templates/gemm_sm90.lua"
+#line 753 "templates/gemm_sm90.lua"
 
 /* The producer (one thread): for every tile of this CTA, every k tile of
  * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
@@ -4353,16 +4353,16 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
                                                const moe_tile_t *__restrict__ tiles, int mtiles) {
     int s = 0;
     unsigned phase = 0;
-#line 796 "templates/gemm_sm90.lua"
+#line 803 "templates/gemm_sm90.lua"
     for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
         int mt, nt;
         tile_of(lin, mtiles, NTILES, mt, nt);
         const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
         if (rows <= 0)
             continue;
-#line 805 "templates/gemm_sm90.lua"
+#line 812 "templates/gemm_sm90.lua"
         const int brow = expert * N + nt * BN;
-#line 807 "templates/gemm_sm90.lua"
+#line 814 "templates/gemm_sm90.lua"
         for (int kt = 0; kt < KTILES; ++kt) {
             const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
             bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
@@ -4370,9 +4370,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
 #pragma unroll
             for (int a = 0; a < KATOMS; ++a) {
                 tma_load(so + a * (BM * 128), ma, kt * BK + a * 64, row_start, full);
-#line 822 "templates/gemm_sm90.lua"
+#line 829 "templates/gemm_sm90.lua"
                 tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
-#line 824 "templates/gemm_sm90.lua"
+#line 831 "templates/gemm_sm90.lua"
             }
             if (++s == STAGES) {
                 s = 0;
@@ -4380,17 +4380,17 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
             }
         }
     }
-#line 832 "templates/gemm_sm90.lua"
+#line 839 "templates/gemm_sm90.lua"
 }
 
-#line 909 "templates/gemm_sm90.lua"
+#line 916 "templates/gemm_sm90.lua"
 /* A consumer warpgroup (cw) on one tile: acc (its WG_ROWS x BN fp32 tile)
  * = A . B^T over all k tiles, from ring position (s, phase), which it
  * advances. The wgmma of k tile kt stay in flight while the warpgroup
  * waits for tile kt + 1; a stage is released once the wgmma that read it
  * retired (wait_group 1 after the next commit; the last one after
  * wait_group 0), so the producer refills it during the epilogue. */
-#line 916 "templates/gemm_sm90.lua"
+#line 923 "templates/gemm_sm90.lua"
 /* Ping-pong: the warpgroup's rows are the whole tile, of which the first
  * ACT m64 blocks are computed (a short tile's others stay 0: a compile-time
  * count, since a branch among the wgmma makes ptxas wait on them), and it
@@ -4399,12 +4399,12 @@ template <int ACT>
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
                                                unsigned &phase) {
     const unsigned long long da0 = sdesc(sbase);
-#line 934 "templates/gemm_sm90.lua"
+#line 941 "templates/gemm_sm90.lua"
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
     int prev = 0;
     for (int kt = 0; kt < KTILES; ++kt) {
         bar_wait(sbase + BAR_OFF + s * 8, phase);
-#line 942 "templates/gemm_sm90.lua"
+#line 949 "templates/gemm_sm90.lua"
         wgmma_fence();
         const unsigned long long so = (unsigned long long)(s * (STAGE_BYTES >> 4));
 #pragma unroll
@@ -4423,9 +4423,9 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 961 "templates/gemm_sm90.lua"
+#line 968 "templates/gemm_sm90.lua"
     order_arrive(cw);
-#line 963 "templates/gemm_sm90.lua"
+#line 970 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -4463,7 +4463,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 1172 "templates/gemm_sm90.lua"
+#line 1179 "templates/gemm_sm90.lua"
 }  // namespace kimi_k2_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_impl
 #endif
 
@@ -4485,48 +4485,48 @@ kimi_k2_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid_constant
 #pragma unroll
         for (int s = 0; s < STAGES; ++s) {
             bar_init(sbase + BAR_OFF + s * 8, 1);
-#line 1197 "templates/gemm_sm90.lua"
+#line 1204 "templates/gemm_sm90.lua"
             bar_init(sbase + BAR_OFF + (STAGES + s) * 8, 128);
-#line 1199 "templates/gemm_sm90.lua"
+#line 1206 "templates/gemm_sm90.lua"
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
-#line 1208 "templates/gemm_sm90.lua"
+#line 1215 "templates/gemm_sm90.lua"
     if (wg == 0) {
-#line 1210 "templates/gemm_sm90.lua"
+#line 1217 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 1218 "templates/gemm_sm90.lua"
+#line 1225 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
-#line 1221 "templates/gemm_sm90.lua"
+#line 1228 "templates/gemm_sm90.lua"
     } else {
-#line 1223 "templates/gemm_sm90.lua"
+#line 1230 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 1086 "templates/gemm_sm90.lua"
+#line 1093 "templates/gemm_sm90.lua"
         /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
         const int cw = wg - 1, ct = tid & 127, w = ct >> 5, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF + (unsigned)cw * EPI_BYTES;
-#line 1092 "templates/gemm_sm90.lua"
+#line 1099 "templates/gemm_sm90.lua"
         int s = 0, jt = 0;
         unsigned phase = 0;
-#line 1095 "templates/gemm_sm90.lua"
+#line 1102 "templates/gemm_sm90.lua"
         (void)b2;
-#line 1100 "templates/gemm_sm90.lua"
+#line 1107 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
             const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
             if (rows <= 0)
                 continue;
-#line 1107 "templates/gemm_sm90.lua"
+#line 1114 "templates/gemm_sm90.lua"
             if ((jt++ & 1) != cw) {  /* the other warpgroup's tile: step over its stages */
                 ring_skip(s, phase);
                 continue;
             }
             if (jt > 1)
                 order_wait(cw);  /* the other warpgroup issued the main loop of tile jt - 2 */
-#line 1120 "templates/gemm_sm90.lua"
+#line 1127 "templates/gemm_sm90.lua"
             const int n0 = nt * BN;
             (void)expert;
             float acc[WM][NACC];
@@ -4539,20 +4539,20 @@ kimi_k2_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid_constant
             for (int m = 0; m < WM; ++m)
                 fence_acc(acc[m]);  /* the zeros are written before the main loop's wgmma.fence */
             /* consume arrives for the other warpgroup once its main loop is issued */
-#line 1138 "templates/gemm_sm90.lua"
-            consume<1>(acc, sbase, cw, s, phase);
 #line 1145 "templates/gemm_sm90.lua"
+            consume<1>(acc, sbase, cw, s, phase);
+#line 1152 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 1519 "templates/gemm_sm90.lua"
+#line 1526 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
-#line 1524 "templates/gemm_sm90.lua"
+#line 1531 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1544 "templates/gemm_sm90.lua"
+#line 1551 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -4562,32 +4562,32 @@ kimi_k2_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid_constant
                                               moe_pack2(acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]));
                             }
                     }
-#line 1150 "templates/gemm_sm90.lua"
+#line 1157 "templates/gemm_sm90.lua"
                 }
                 wg_sync(cw);
                 store_staged(obuf + ((long long)row_start * NOUT + n0 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 - pass * EPI_COLS, ct);
             }
-#line 1156 "templates/gemm_sm90.lua"
+#line 1163 "templates/gemm_sm90.lua"
         }
         /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
         if (jt > 0 && (jt & 1) == cw)
             order_wait(cw);
-#line 1337 "templates/gemm_sm90.lua"
+#line 1344 "templates/gemm_sm90.lua"
     }
-#line 1341 "templates/gemm_sm90.lua"
+#line 1348 "templates/gemm_sm90.lua"
 #else
-#line 1343 "templates/gemm_sm90.lua"
+#line 1350 "templates/gemm_sm90.lua"
     (void)hbuf_map;
-#line 1343 "templates/gemm_sm90.lua"
+#line 1350 "templates/gemm_sm90.lua"
     (void)w2_map;
-#line 1343 "templates/gemm_sm90.lua"
+#line 1350 "templates/gemm_sm90.lua"
     (void)b2;
-#line 1343 "templates/gemm_sm90.lua"
+#line 1350 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 1343 "templates/gemm_sm90.lua"
+#line 1350 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 1345 "templates/gemm_sm90.lua"
+#line 1352 "templates/gemm_sm90.lua"
     (void)obuf;
     __trap();
 #endif
