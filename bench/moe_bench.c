@@ -498,8 +498,8 @@ static int bench_backward(const moe_plan *plan, const moe_forward_args *base, co
     CK(moe_cu.cuMemAlloc(&db2, S * H * 4));
     CK(moe_cu.cuMemAlloc(&dsg, H * 4));
     const int gated = sp->shared.ffn && sp->shared.gate == MOE_SHARED_GATE_SIGMOID;
-    printf("\nbackward: %s; forward, training forward, backward (recompute_u 0 / 1); each after an L2 flush\n",
-           sp->name);
+    printf("\nbackward: %s, weight gradients %s; forward, training forward, backward (recompute_u 0 / 1); each after "
+           "an L2 flush\n", sp->name, sp->weight_grads == MOE_WGRADS_DTYPE ? moe_dtype_name(dt) : "fp32");
     printf("%-7s %-9s %9s %9s %9s %9s %9s %9s\n", "tokens", "recompute", "fwd ms", "trainfwd", "bwd ms", "bwd/fwd",
            "bwd TF/s", "x dense");
     for (int i = 0; i < ntok; i++) {
@@ -515,8 +515,8 @@ static int bench_backward(const moe_plan *plan, const moe_forward_args *base, co
                                        .w2 = base->w2, .b2 = base->b2, .dy = (void *)dy, .workspace = (void *)bws,
                                        .dx = (void *)dx, .d_router_w = (float *)drw,
                                        .d_logit_bias = sp->router.logit_bias ? (float *)dlb : NULL,
-                                       .dw1p = (float *)dw1, .db1p = sp->ffn_bias ? (float *)db1 : NULL,
-                                       .dw2 = (float *)dw2, .db2 = sp->ffn_bias ? (float *)db2 : NULL,
+                                       .dw1p = (void *)dw1, .db1p = sp->ffn_bias ? (float *)db1 : NULL,
+                                       .dw2 = (void *)dw2, .db2 = sp->ffn_bias ? (float *)db2 : NULL,
                                        .shared_gate = gated ? base->shared_gate : NULL,
                                        .d_shared_gate = gated ? (float *)dsg : NULL};
             float ms[3];
