@@ -65,7 +65,8 @@ static inline long long moe_route_scratch_bytes(int per_block, int experts, long
  * the call has at most one token per route warp (one pass of the block's
  * warps) and its routed rows are at most MOE_ROUTE_FUSE_SCATTER_BYTES (what
  * one block copies in about a microsecond), when the scatter can be fused
- * at all (scatter = 0: fp8 rows, quantized by their own kernel);
+ * at all (scatter = 0: never; 2: a call of one token alone — fp8 rows,
+ * which route's idle warps quantize while it selects (moe_route_fuse_scatter));
  * MOE_ROUTE_FUSE_OFF otherwise, or when the plan turned it off
  * (MOEGEN_ROUTE_FUSE=off, or an expert-parallel plan). */
 #define MOE_ROUTE_FUSE_OFF 0
@@ -82,10 +83,17 @@ static inline long long moe_route_scratch_bytes(int per_block, int experts, long
 static inline int moe_route_fuse_mode(long long tokens, int entries, long long hidden, int route_warps, int scatter) {
     if (tokens < 1 || tokens > MOE_ROUTE_FUSE_TOKENS)
         return MOE_ROUTE_FUSE_OFF;
-    if (scatter && tokens <= route_warps && tokens * entries * hidden * 2 <= MOE_ROUTE_FUSE_SCATTER_BYTES)
+    if (scatter && (scatter == 1 || tokens == 1) && tokens <= route_warps &&
+        tokens * entries * hidden * 2 <= MOE_ROUTE_FUSE_SCATTER_BYTES)
         return MOE_ROUTE_FUSE_SCATTER;
     return MOE_ROUTE_FUSE_PLAN;
 }
+
+/* moe_route_fuse_mode's scatter for a spec: 1 (bf16 / fp16 rows, copied), 2
+ * with fp8 weights (one token's row quantized by route's idle warps while
+ * it selects: templates/route.lua), 0 for fp8 with router.apply = "input"
+ * or given ids (a row that depends on the selection). */
+static inline int moe_route_fuse_scatter(int fp8, int apply_input, int given) { return !fp8 ? 1 : apply_input || given ? 0 : 2; }
 
 /* The combine splits each token's H columns across gridDim.y blocks when
  * there are few tokens, so that about MOE_COMBINE_WARPS warps share the

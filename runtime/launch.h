@@ -119,7 +119,7 @@ moe_status moe_launch_kernel_coop(const moe_launcher_t *l, int k, int tokens, lo
  * with mode 2, the scatter's. All zero: the kernel routes only. */
 typedef struct {
     int mode, align;
-    CUdeviceptr slot_of, offsets, cursor, tiles, num_tiles, xs, row_of;
+    CUdeviceptr slot_of, offsets, cursor, tiles, num_tiles, xs, row_of, xsc; /* xsc: fp8's row scales */
 } moe_route_fuse_args_t;
 
 /* The route kernel's parameters after its ten fixed ones, in its order

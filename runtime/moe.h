@@ -622,7 +622,9 @@ int moe_plan_variant_for(const moe_plan *plan, int tokens);
  * MOE_ROUTE_FUSED_PLAN, the permute plan done by the route kernel's last
  * block (calls of at most 64 tokens); MOE_ROUTE_FUSED_SCATTER, the plan and
  * the rows' scatter both there (the smallest calls: at most one token per
- * route warp, at most 128 KB of routed rows; not with fp8 weights). A host
+ * route warp, at most 128 KB of routed rows; with fp8 weights a call of
+ * one token alone, whose row the route's idle warps quantize, and not with
+ * router.apply = "input" or given ids). A host
  * decision on the call's tokens, so a CUDA graph captured at T replays T's
  * path. Always MOE_ROUTE_SEPARATE when moe_plan_info.route_fuse is 0
  * (MOEGEN_ROUTE_FUSE=off when the plan was created, or mesh.ep > 1); -1

@@ -155,7 +155,7 @@ moe_status moe_forward_timed(const moe_plan *p, const moe_forward_args *a, void 
     const moe_route_fuse_args_t fa = {.mode = fuse, .align = l.align, .slot_of = l.slot_table,
                                       .offsets = reg[MOE_WS_OFFSETS], .cursor = reg[MOE_WS_CURSOR],
                                       .tiles = reg[MOE_WS_TILES], .num_tiles = reg[MOE_WS_NUM_TILES],
-                                      .xs = reg[MOE_WS_XS], .row_of = reg[MOE_WS_ROW_OF]};
+                                      .xs = reg[MOE_WS_XS], .row_of = reg[MOE_WS_ROW_OF], .xsc = reg[MOE_WS_XSC]};
     if ((rc = moe_route_launch(p, a, reg[MOE_WS_TOPK_IDX], reg[MOE_WS_TOPK_W], reg[MOE_WS_COUNTS],
                                reg[MOE_WS_ROUTE_PART], 0, &fa, st, ev)))
         return rc;

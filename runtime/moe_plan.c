@@ -772,7 +772,8 @@ int moe_plan_route_fuse(const moe_plan *p, int tokens) {
         return MOE_ROUTE_SEPARATE;
     const moe_spec_t *s = &p->pd.spec;
     return moe_route_fuse_mode(tokens, moe_spec_entries(s), s->hidden, p->launcher.kernels[MOE_K_ROUTE].threads / 32,
-                               !moe_spec_fp8(s));
+                               moe_route_fuse_scatter(moe_spec_fp8(s), s->router.apply == MOE_APPLY_INPUT,
+                                                      s->router.select == MOE_SELECT_GIVEN));
 }
 
 int moe_plan_pdl(const moe_plan *p, int tokens) {

@@ -364,9 +364,9 @@ extern "C" cudaError_t ${n}_forward(const ${n}_args_t *a, cudaStream_t stream) {
     if (e != cudaSuccess) return e;
 @ local route, plan, scatter, combine = k.route, k.permute_plan, k.permute_scatter, k.combine
     /* calls of few tokens: the permute plan (and the scatter) in route's last block (moe_route_fuse_mode) */
-    moe_route_fuse_t fz = {0, ${nv == 1 and p.align or (n .. "_variant_align[v]")}, dev->slot_of, offsets, cursor, tiles, num_tiles, xs, row_of};
+    moe_route_fuse_t fz = {0, ${nv == 1 and p.align or (n .. "_variant_align[v]")}, dev->slot_of, offsets, cursor, tiles, num_tiles, xs, row_of, ${fp8 and "xsc" or "(float *)0"}};
     if (dev->route_fuse)
-        fz.mode = moe_route_fuse_mode(T, ${p.entries}, ${p.H}, ${route.threads // 32}, ${fp8 and 0 or 1});
+        fz.mode = moe_route_fuse_mode(T, ${p.entries}, ${p.H}, ${route.threads // 32}, moe_route_fuse_scatter(${fp8 and 1 or 0}, ${p.spec.router.apply == "input" and 1 or 0}, ${p.given and 1 or 0}));
     ${n}_launch(pdl, ${route.name}, dim3(moe_blocks(T, ${route.per_block}), moe_route_split(T, ${route.per_block}, ${p.score == "given" and 0 or p.router_hidden})), ${route.threads}, ${route.smem}, stream,
         (const moe_half_t *)a->x, (const ${p.spec.router.weight_dtype == "fp32" and "float" or "moe_half_t"} *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,
         counts, route_part, fz${p.shared_gate and ", (const moe_half_t *)a->shared_gate" or ""}${p.spec.training and ", (float *)0" or ""}${p.given and ", a->topk_ids" or ""}${p.score == "given" and ", a->topk_weights" or ""}${p.spec.router.input == "separate" and ", (const moe_half_t *)a->router_x" or ""}${p.spec.router.expert_scale and ", a->router_expert_scale" or ""});
@@ -380,8 +380,9 @@ extern "C" cudaError_t ${n}_forward(const ${n}_args_t *a, cudaStream_t stream) {
         ${n}_launch(pdl, ${vp.name}, dim3(1), ${vp.threads}, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
 @   end
 @ end
-@ if fp8 then -- the scatter quantizes: e4m3 rows into xs, their scales into xsc (never fused into route)
-    ${n}_launch(pdl, ${scatter.name}, dim3(moe_blocks(T, ${scatter.per_block})), ${scatter.threads}, 0, stream, (const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, (unsigned char *)xs, xsc, row_of);
+@ if fp8 then -- the scatter quantizes: e4m3 rows into xs, their scales into xsc (route does, for one token: mode 2)
+    if (fz.mode < MOE_ROUTE_FUSE_SCATTER)
+        ${n}_launch(pdl, ${scatter.name}, dim3(moe_blocks(T, ${scatter.per_block})), ${scatter.threads}, 0, stream, (const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, (unsigned char *)xs, xsc, row_of);
 @ elseif p.gather then
     /* the sm_90a TMA up GEMMs gather their rows from x (docs/DESIGN.md, "The gathered up GEMM"): then the scatter
      * writes src_of and no rows; not when route scatters, nor for a gemv-grid (or sm_80) up GEMM; MOEGEN_GATHER as

@@ -16,8 +16,9 @@ typedef struct {
     int *offsets, *cursor;
     moe_tile_t *tiles;
     int *num_tiles;
-    moe_half_t *xs;
+    moe_half_t *xs;   /* fp8: the e4m3 rows (bytes) */
     int *row_of;
+    float *xsc;       /* fp8: the rows' scales, one per 128 columns (mode 2 at one token) */
 } moe_route_fuse_t;
 /* A TMA tensor map (the driver's CUtensorMap: 128 opaque bytes, 64-byte
  * aligned), passed by value to the sm_90a GEMMs as __grid_constant__. */

@@ -76,8 +76,11 @@
 @ -- each entry's row (the expert's offset + a shared-memory cursor) to
 @ -- row_of, then a warp per routed row copies the token's x row (x·w with
 @ -- router.apply = "input"), and cursor[] ends as the scatter leaves it
-@ -- (each slot's count). Mode 2 is not emitted for fp8 specs (their rows
-@ -- are quantized by permute_scatter). permute_plan (and permute_scatter)
+@ -- (each slot's count). With fp8 weights mode 2 is a 1-token call's alone
+@ -- (gen/launch_geom.h, moe_route_fuse_scatter; not with router.apply =
+@ -- "input" or given ids): its row quantized, as permute_scatter does, by
+@ -- the warps phase 2 leaves idle, into fuse.xs (e4m3 bytes) and fuse.xsc.
+@ -- permute_plan (and permute_scatter)
 @ -- are then not launched. A call of one token (not with given ids, which
 @ -- may repeat) plans without a scan: its selected slots (s_sel, distinct)
 @ -- take one row block each in slot order; and with mode 2 (not with
@@ -244,7 +247,10 @@
 @   need(c.fuse_ticket, "the plan gives no fused ticket")
 @   c.slots, c.entries = p.slots, p.entries
 @   need(c.slots == c.E + c.M and c.entries == c.KE, "slots and entries must be the experts' and the shared slots'")
-@   c.fuse_scatter = not (p.spec.quant ~= nil and p.spec.quant.weights == "fp8_e4m3")
+@   -- fp8 weights: the scatter quantizes; fused (mode 2) at one token alone, the row quantized by phase 2's idle
+@   -- warps (gen/launch_geom.h, moe_route_fuse_scatter: not with router.apply = "input" or given ids)
+@   c.fp8 = p.spec.quant ~= nil and p.spec.quant.weights == "fp8_e4m3"
+@   c.fuse_scatter = not c.fp8 or (p.spec.router.apply ~= "input" and not c.given)
 @   return c
 @ end
 @
@@ -525,6 +531,10 @@ static __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL, v, o);
     return v;
 }
+@ if c.fp8 and c.fuse_scatter then
+/* fp8: a one-token call's row quantized here (mode 2), by permute_scatter's rule (templates/permute.lua) */
+@   import("permute").quantizer(p)
+@ end
 }  // namespace ${ns}
 
 extern "C" __global__ void __launch_bounds__(${c.threads})
@@ -538,7 +548,11 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const ${c.fp32w and "float" or "mo
     __shared__ int s_count[SLOTS];   // this block's selections per weight slot (the plan's counts: one token block)
     __shared__ int s_slot[SLOTS];    // fused: the plan's slot_of (cp.async at the start)
 @ if c.fuse_scatter then
+@   if c.fp8 then
+    __shared__ int s_ent[NW * ENTRIES];   // the fused scatter's entries (fp8: their rows are quantized apart)
+@   else
     __shared__ int s_ent[NW * ENTRIES], s_row[NW * ENTRIES];   // the fused scatter's entries and their rows
+@   end
 @ end
 @ if not c.given then
     __shared__ int s_sel[ENTRIES];   // the block's first token's slots (a zero expert: INT_MAX), for a 1-token plan
@@ -831,6 +845,26 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const ${c.fp32w and "float" or "mo
      * copy x[0] there while warp 0 selects, and the scatter writes the row map only (rows no entry takes
      * get the copy too: xs holds ENTRIES * align rows for one token, moe_max_rows) */
     if (fuse.mode == 2 && tokens == 1 && warp > 0) {
+@   if c.fp8 then
+        /* fp8: quantized as permute_scatter does, a warp per pair of 128-column blocks, e4m3 into fuse.xs (bytes)
+         * and a scale per block into fuse.xsc */
+        constexpr int HB = H / 128, PAIRS = (HB + 1) / 2;
+        unsigned char *__restrict__ xq = reinterpret_cast<unsigned char *>(fuse.xs);
+        for (int it = warp - 1; it < PAIRS; it += NW - 1) {
+            const int b = it * 2 + (lane >> 4), c = lane & 15;
+            uint2 code;
+            const float m = quantize8(b < HB ? __ldg(reinterpret_cast<const uint4 *>(x) + b * 16 + c)
+                                             : make_uint4(0u, 0u, 0u, 0u), 1.0f, code);
+            if (b < HB)
+#pragma unroll
+                for (int r = 0; r < ENTRIES; ++r) {
+                    const long long row = (long long)r * fuse.align;
+                    *reinterpret_cast<uint2 *>(xq + row * H + b * 128 + c * 8) = code;
+                    if (c == 0)
+                        fuse.xsc[row * HB + b] = m / 448.0f;
+                }
+        }
+@   else
         constexpr int HV = H / 8;
         const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(x);
         for (int v = tid - 32; v < HV; v += THREADS - 32) {
@@ -839,6 +873,7 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const ${c.fp32w and "float" or "mo
             for (int r = 0; r < ENTRIES; ++r)
                 reinterpret_cast<uint4 *>(fuse.xs + (long long)r * fuse.align * H)[v] = xv;
         }
+@   end
     }
 @ end
     /* ---- phase 2: a warp per token: scores, top-k, weights, counts ---- */
@@ -1210,8 +1245,12 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const ${c.fp32w and "float" or "mo
 @ if c.fuse_scatter then
         if (fuse.mode != 2)
             return;
+@   if c.fp8 then
+        /* the scatter: each entry's row (its quantized row: phase 2's idle warps') */
+@   else
         /* the scatter: each entry's row, then a warp per routed row copies x (HV 16-byte vectors) */
         constexpr int HV = H / 8;
+@   end
         int *s_cur = s_first + SLOTS + 1;   // each slot's rows taken so far
         for (int e = tid; e < SLOTS; e += THREADS) s_cur[e] = 0;
         __syncthreads();
@@ -1225,24 +1264,31 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const ${c.fp32w and "float" or "mo
             const int e = i < nk ? s_ent[i] : __ldcg(topk_idx + i);
             const int r = e >= SLOTS ? zrow + i / ENTRIES : s_off[e] + atomicAdd(s_cur + e, 1);
             fuse.row_of[i] = r;
+@   if not c.fp8 then
             if (i < nk)
                 s_row[i] = r;
+@   end
         }
 @   else
         for (int i = tid; i < n; i += THREADS) {
             const int e = i < nk ? s_ent[i] : __ldcg(topk_idx + i);
             const int r = s_off[e] + atomicAdd(s_cur + e, 1);
             fuse.row_of[i] = r;
+@   if not c.fp8 then
             if (i < nk)
                 s_row[i] = r;
+@   end
         }
 @   end
         __syncthreads();   // row_of (global, s_row) and s_cur are complete, for the whole block
         for (int e = tid; e < SLOTS; e += THREADS) fuse.cursor[e] = s_cur[e];   // as permute_scatter leaves it
-@   if early then
+@   if c.fp8 then
+        /* fp8: mode 2 is one token's alone (moe_route_fuse_scatter), whose row phase 2's idle warps quantized */
+@   else
+@     if early then
         if (tokens == 1)   // phase 2's idle warps copied x[0] to every row one token can take
             return;
-@   end
+@     end
 #pragma unroll 1
         for (int i = warp; i < n; i += NW) {
 @   if c.Z > 0 then
@@ -1267,8 +1313,10 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const ${c.fp32w and "float" or "mo
             for (int v = lane; v < HV; v += 32) dst[v] = __ldg(src + v);
 @   end
         }
+@   end
 @ else
-        /* fp8: permute_scatter quantizes the rows (mode 2 is never passed) */
+        /* fp8 with router.apply = "input" or given ids: permute_scatter quantizes the rows (mode 2 is never
+         * passed: moe_route_fuse_scatter) */
 @ end
     }
 }

@@ -8,7 +8,10 @@
  *   RH_H  hidden;  RH_HR  the router's width (router.hidden, else hidden);  RH_NS  router columns (scored experts);  RH_KE  entries per token;
  *   RH_SLOTS  weight slots;  RH_PER_BLOCK  tokens per block;  RH_SMEM  its dynamic shared memory;
  *   RH_ALIGN  the plan's row block (the fused permute plan's align);  RH_INPUT  router.apply = "input";
- *   RH_SCATTER  0: the scatter is never fused (fp8 rows, quantized by their own kernel)
+ *   RH_SCATTER  moe_route_fuse_mode's scatter (gen/launch_geom.h, moe_route_fuse_scatter): 1 fused copies,
+ *   2 fp8 weights (one token's row quantized by the route), 0 never
+ *   RH_FP8  1: fp8 weights: a fused row is e4m3 bytes in xs plus a scale per 128 columns in xsc, checked
+ *   against runtime/fp8.c's moe_fp8_quantize_block (linked in) byte for byte
  *   RH_K  top_k;  RH_GIVEN  1: router.select = "given" (it takes given_ids);  RH_GIVEN_W  1: and given_w
  *   RH_OWN  1: router.input = "separate" (it takes router_x);  RH_ESCALE  1: router.expert_scale (expert_scale)
  *   RH_W32  1: router.weight_dtype = "fp32" (wr is fp32 in IN);  RH_MC  the route's mma columns (its scratch)
@@ -31,6 +34,13 @@
 #include <cstring>
 #include <vector>
 
+#ifndef RH_FP8
+#define RH_FP8 0
+#endif
+#if RH_FP8
+extern "C" float moe_fp8_quantize_block(const float *v, size_t n, uint8_t *q); /* runtime/fp8.c */
+#endif
+
 template <class T> static bool get(FILE *f, std::vector<T> &v, size_t n) {
     v.resize(n);
     return fread(v.data(), sizeof(T), n, f) == n;
@@ -51,7 +61,8 @@ static long check_fused(int mode, int T, const std::vector<moe_half_t> &x, const
                         const std::vector<float> &w,
                         const std::vector<int> &counts, const std::vector<int> &slot_of, int align,
                         const std::vector<int> &offsets, const std::vector<int> &cursor, const std::vector<int> &tiles,
-                        int num_tiles, const std::vector<moe_half_t> &xs, const std::vector<int> &row_of) {
+                        int num_tiles, const std::vector<moe_half_t> &xs, const std::vector<int> &row_of,
+                        const std::vector<float> &xsc) {
     const int H = RH_H, KE = RH_KE, SLOTS = RH_SLOTS;
     long bad_off = 0, bad_tiles = 0, bad_map = 0, bad_rows = 0, bad_cursor = 0;
     int nt = 0;
@@ -77,7 +88,20 @@ static long check_fused(int mode, int T, const std::vector<moe_half_t> &x, const
                     continue;
                 }
                 used[r] = 1;
-#if RH_INPUT /* router.apply = "input": the row is round(x . round(w)) */
+#if RH_FP8 /* e4m3 bytes (rows of H) and a scale per 128 columns, as permute_scatter quantizes */
+                {
+                    const unsigned char *q = reinterpret_cast<const unsigned char *>(xs.data()) + (size_t)r * H;
+                    float v[128];
+                    uint8_t want[128];
+                    for (int b = 0; b < H / 128; b++) {
+                        for (int i = 0; i < 128; i++)
+                            v[i] = moe_to_float(x[(size_t)t * H + b * 128 + i]);
+                        const float sc = moe_fp8_quantize_block(v, 128, want);
+                        bad_rows += memcmp(q + b * 128, want, 128) != 0 ||
+                                    memcmp(&xsc[(size_t)r * (H / 128) + b], &sc, 4) != 0;
+                    }
+                }
+#elif RH_INPUT /* router.apply = "input": the row is round(x . round(w)) */
                 const float wk = moe_round(w[(size_t)t * KE + k]);
                 for (int h = 0; h < H; h++)
                     bad_rows += xs[(size_t)r * H + h] != moe_from_float(moe_to_float(x[(size_t)t * H + h]) * wk);
@@ -127,13 +151,14 @@ int main(int argc, char **argv) {
     std::vector<int> slot_of(SLOTS), offsets((size_t)SLOTS + 1, -7), cursor(SLOTS, -7), tiles(4 * (size_t)ntiles, -7),
         num_tiles(1, -7), row_of((size_t)T * KE, -7);
     std::vector<moe_half_t> xs((size_t)rows * H, 0xffff);
+    std::vector<float> xsc(RH_FP8 ? (size_t)rows * (H / 128) : 1, -7.0f);
     for (int e = 0; e < SLOTS; e++)
         slot_of[e] = SLOTS - 1 - e;
     moe_route_fuse_t fuse = {};
     if (mode) {
         fuse.mode = mode, fuse.align = align, fuse.slot_of = slot_of.data(), fuse.offsets = offsets.data();
         fuse.cursor = cursor.data(), fuse.tiles = reinterpret_cast<moe_tile_t *>(tiles.data());
-        fuse.num_tiles = num_tiles.data(), fuse.xs = xs.data(), fuse.row_of = row_of.data();
+        fuse.num_tiles = num_tiles.data(), fuse.xs = xs.data(), fuse.row_of = row_of.data(), fuse.xsc = xsc.data();
     }
     const unsigned gx = (unsigned)((T + RH_PER_BLOCK - 1) / RH_PER_BLOCK), gy = moe_route_split(T, RH_PER_BLOCK, RH_GIVEN_W ? 0 : HR);
     host_launch(gx, gy, RH_SMEM, [&] {
@@ -168,7 +193,7 @@ int main(int argc, char **argv) {
     const std::vector<int> dropped(1, counts[(size_t)SLOTS + MOE_ROUTE_BAD_IDS]);
     counts.resize((size_t)SLOTS);
     const long fused_bad = mode ? check_fused(mode, T, x, idx, w, counts, slot_of, align, offsets, cursor, tiles,
-                                              num_tiles[0], xs, row_of)
+                                              num_tiles[0], xs, row_of, xsc)
                                 : 0;
     FILE *out = fopen(argv[2], "wb");
     ok = out && put(out, idx) && put(out, w) && put(out, counts) && (!RH_TRAIN || put(out, logits)) &&

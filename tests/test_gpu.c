@@ -1374,12 +1374,15 @@ static void run_tokens(const moe_plan *plan, layer_t *L, int T, uint64_t *rng, c
     if (moe_plan_variant_count(plan) > 1)
         fprintf(stderr, "  %-40s variant %d (bucket %d, bm %d): %s, %s\n", label, variant, bucket, align, vup, vdown);
     { /* the route path: fused up to 64 tokens (the scatter too within one block's warps and 128 KB of
-       * rows, not with fp8), unless MOEGEN_ROUTE_FUSE=off */
+       * rows; with fp8 weights at one token alone, not with router.apply = input or given ids), unless
+       * MOEGEN_ROUTE_FUSE=off */
         const char *fe = getenv("MOEGEN_ROUTE_FUSE");
         const int on = !(fe && !strcmp(fe, "off")) && s->mesh.size[MOE_AXIS_EP] == 1;
         const int rw = plan->launcher.kernels[MOE_K_ROUTE].threads / 32;
         const int fused = !on || T > 64 ? MOE_ROUTE_SEPARATE
-                          : T <= rw && (long long)T * KE * H * 2 <= 128 * 1024 && !moe_spec_fp8(s)
+                          : T <= rw && (long long)T * KE * H * 2 <= 128 * 1024 &&
+                                    (!moe_spec_fp8(s) || (T == 1 && s->router.apply != MOE_APPLY_INPUT &&
+                                                          s->router.select != MOE_SELECT_GIVEN))
                               ? MOE_ROUTE_FUSED_SCATTER
                               : MOE_ROUTE_FUSED_PLAN;
         const int path = moe_plan_route_fuse(plan, T);

@@ -214,8 +214,8 @@ static void test_nvrtc_all(void) {
     int n = list_dir("examples/specs", names, 64);
     /* the jobs: (spec, arch) pairs; every example spec on both arches */
     static const moe_arch_t arches[] = {MOE_ARCH_SM90A, MOE_ARCH_SM80};
-    enum { MAXJOBS = 2 * (64 + 32) + NPINGPONG };
-    static char specs[64 + 32 + NPINGPONG][300];
+    enum { MAXTEST = 40, MAXJOBS = 2 * (64 + MAXTEST) + NPINGPONG };
+    static char specs[64 + MAXTEST + NPINGPONG][300];
     int job_spec[MAXJOBS], job_arch[MAXJOBS], job_pp[MAXJOBS]; /* job_pp: a pingpong_jobs index, or -1 */
     for (int i = 0; i < MAXJOBS; i++)
         job_pp[i] = -1;
@@ -273,7 +273,7 @@ static void test_nvrtc_all(void) {
         {"tests/specs/shared_unclamped.moe", 0},  /* HY-V4: clamped routed experts, an unclamped shared expert */
         {"tests/specs/train_relu2.moe", 0},       /* NemotronH's relu2 experts, training (the example: both arches) */
     };
-    _Static_assert(sizeof test_specs / sizeof *test_specs <= 32, "specs[] has room for 32 test specs");
+    _Static_assert(sizeof test_specs / sizeof *test_specs <= MAXTEST, "specs[] has room for MAXTEST test specs");
     for (size_t i = 0; i < sizeof test_specs / sizeof *test_specs; i++) {
         snprintf(specs[ns], sizeof specs[0], "%s", test_specs[i].path);
         for (int a = 0; a < (test_specs[i].both_arches ? 2 : 1); a++)

@@ -59,8 +59,13 @@ static void test_route_fuse(void) {
     /* DeepSeek-V3 EP8 rank: top-8, H 7168: 112 KB a token */
     CHECK(moe_route_fuse_mode(1, 8, 7168, 8, 1) == MOE_ROUTE_FUSE_SCATTER);
     CHECK(moe_route_fuse_mode(2, 8, 7168, 8, 1) == MOE_ROUTE_FUSE_PLAN);
-    /* fp8 rows are quantized by permute_scatter: the plan only */
+    /* scatter 0 (fp8 with router.apply = input or given ids): the plan only; 2 (fp8): one token alone */
     CHECK(moe_route_fuse_mode(1, 8, 2048, 8, 0) == MOE_ROUTE_FUSE_PLAN);
+    CHECK(moe_route_fuse_mode(1, 8, 2048, 8, 2) == MOE_ROUTE_FUSE_SCATTER);
+    CHECK(moe_route_fuse_mode(2, 8, 2048, 8, 2) == MOE_ROUTE_FUSE_PLAN);
+    CHECK(moe_route_fuse_mode(1, 8, 7168, 8, 2) == MOE_ROUTE_FUSE_SCATTER);
+    CHECK(moe_route_fuse_scatter(0, 1, 1) == 1 && moe_route_fuse_scatter(1, 0, 0) == 2 &&
+          moe_route_fuse_scatter(1, 1, 0) == 0 && moe_route_fuse_scatter(1, 0, 1) == 0);
     /* route's kernels have the warps the rule assumes, and the counts hold every ticket */
     moe_plan_desc_t pd = {0};
     if (plan_of(&pd, mixtral)) {

@@ -41,8 +41,8 @@ static const host_case_t cases[] = {
     {"a sigmoid-gated shared expert of two slots (Qwen2-MoE's gate: logit column E), fp16",
      "tests/specs/train_shared.moe", {4, 37}, 2},
     {"zero experts: 48 routed + 24 zero scored together", "tests/specs/zero_experts.moe", {1, 30}, 2},
-    {"fp8 weights (Qwen3's fp8 spec): the route as bf16's, fused with the plan alone (fp8 rows are quantized apart)",
-     "examples/specs/fp8/qwen3-30b-a3b-fp8.moe", {1, 9}, 2},
+    {"fp8 weights (Qwen3's fp8 spec): the route as bf16's; one token's row quantized by the route (mode 2), 9 tokens "
+     "fused with the plan alone", "examples/specs/fp8/qwen3-30b-a3b-fp8.moe", {1, 9}, 2},
     {"router.apply = \"input\", sigmoid top-1 (Llama 4's): the fused scatter writes round(x . round(w))",
      "tests/specs/apply_input.moe", {1, 5, 64}, 3},
     {"DeepSeek-V3's whole router: 256 experts (8 a lane), top-8 of 8 groups keep 4; 64 tokens fused, 65 not",
@@ -327,22 +327,27 @@ static void run_case(const host_case_t *c, const char *cxx) {
     CHECKF(!bad, "%s's pieces not found whole in the emitted source", r->name);
     CHECKF(r->threads == 256, "%s: %d threads (the host emulation runs 256)", r->name, r->threads);
     char inc_path[400], bin[400], cmd[3000];
+    const int fp8 = moe_spec_fp8(&s);
+    const char *objs = fp8 ? fp8_objects() : ""; /* fp8: the host's quantization rule (runtime/fp8.c), linked in */
+    CHECKF(objs != NULL, "cannot build runtime/fp8.c and half.c for the reference");
     snprintf(inc_path, sizeof inc_path, "%s/%s.inc", tmp_root, s.name);
     snprintf(bin, sizeof bin, "%s/%s_host", tmp_root, s.name);
     CHECKF(!bad && write_bytes(inc_path, inc.data, inc.len) == 0, "cannot write %s", inc_path);
-    if (!bad && r->threads == 256) {
+    if (!bad && r->threads == 256 && objs) {
         snprintf(cmd, sizeof cmd,
                  "%s -std=c++17 -O2 -w -Itests/support -Igen -include cuda_host.h -include %s %s -DRH_ROUTE=%s "
                  "-DRH_GATE=%d -DRH_TRAIN=%d -DRH_H=%d -DRH_NS=%d -DRH_KE=%d -DRH_SLOTS=%d -DRH_PER_BLOCK=%d "
                  "-DRH_SMEM=%d -DRH_ALIGN=%d -DRH_INPUT=%d -DRH_SCATTER=%d -DRH_K=%d -DRH_GIVEN=%d -DRH_GIVEN_W=%d "
-                 "-DRH_OWN=%d -DRH_ESCALE=%d -DRH_W32=%d -DRH_MC=%d -DRH_HR=%d tests/route_host.cc -o %s 2>&1",
+                 "-DRH_OWN=%d -DRH_ESCALE=%d -DRH_W32=%d -DRH_MC=%d -DRH_HR=%d -DRH_FP8=%d tests/route_host.cc %s -o %s 2>&1",
                  cxx, inc_path, s.dtype == MOE_DTYPE_FP16 ? "-DMOE_HOST_FP16" : "", r->name,
                  s.shared.ffn && s.shared.gate == MOE_SHARED_GATE_SIGMOID, s.training, s.hidden,
                  moe_spec_scored(&s), moe_spec_entries(&s), moe_spec_slots(&s), r->per_block, r->smem, pd.align,
-                 s.router.apply == MOE_APPLY_INPUT, !moe_spec_fp8(&s), s.top_k, s.router.select == MOE_SELECT_GIVEN,
+                 s.router.apply == MOE_APPLY_INPUT,
+                 moe_route_fuse_scatter(fp8, s.router.apply == MOE_APPLY_INPUT, s.router.select == MOE_SELECT_GIVEN),
+                 s.top_k, s.router.select == MOE_SELECT_GIVEN,
                  s.router.score == MOE_SCORE_GIVEN, s.router.input == MOE_ROUTER_INPUT_SEPARATE,
                  s.router.expert_scale, s.router.weight_dtype == MOE_ROUTER_WEIGHT_FP32, moe_spec_route_mma_columns(&s),
-                 moe_spec_router_hidden(&s), bin);
+                 moe_spec_router_hidden(&s), fp8, objs, bin);
         const int built = system(cmd) == 0;
         CHECKF(built, "the host build failed: %s", cmd);
         for (int i = 0; built && i < c->ntokens; i++)

@@ -20,8 +20,9 @@ typedef struct {
     int *offsets, *cursor;
     moe_tile_t *tiles;
     int *num_tiles;
-    moe_half_t *xs;
+    moe_half_t *xs;   /* fp8: the e4m3 rows (bytes) */
     int *row_of;
+    float *xsc;       /* fp8: the rows' scales, one per 128 columns (mode 2 at one token) */
 } moe_route_fuse_t;
 /* A TMA tensor map (the driver's CUtensorMap: 128 opaque bytes, 64-byte
  * aligned), passed by value to the sm_90a GEMMs as __grid_constant__. */
@@ -34,9 +35,9 @@ typedef long long int64_t;
 #endif
 
 static __device__ __forceinline__ float moe_to_float(moe_half_t h) {
-#line 34 "templates/prelude.lua"
+#line 35 "templates/prelude.lua"
     return __uint_as_float(((unsigned)h) << 16);
-#line 40 "templates/prelude.lua"
+#line 41 "templates/prelude.lua"
 }
 
 static __device__ __forceinline__ moe_half_t moe_from_float(float f) {
@@ -95,7 +96,7 @@ static __device__ __forceinline__ unsigned moe_smem_addr(const void *p) {
 #endif
 #endif
 
-#line 144 "templates/prelude.lua"
+#line 145 "templates/prelude.lua"
 
 /* 16-byte async copy global -> shared; bytes < 16 zero-fills the rest
  * (bytes = 0 writes zeros and reads nothing). */
@@ -174,11 +175,11 @@ static __device__ __forceinline__ void moe_ldmatrix_x2(unsigned &r0, unsigned &r
     asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
                  : "=r"(r0), "=r"(r1) : "r"(moe_smem_addr(smem)));
 }
-#line 233 "templates/prelude.lua"
+#line 234 "templates/prelude.lua"
 
 /* D = A(16x16, row) * B(16x8, col) + D, fp32 accumulate. */
 static __device__ __forceinline__ void moe_mma_16816(float *d, const unsigned *a, const unsigned *b) {
-#line 237 "templates/prelude.lua"
+#line 238 "templates/prelude.lua"
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
                  "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
@@ -295,11 +296,11 @@ static __device__ __forceinline__ void moe_plan_block(const int *counts, const i
     }
 }
 
-#line 265 "templates/route.lua"
+#line 271 "templates/route.lua"
 namespace nemotron_3_nano_30b_a3b_route_bf16_e128k6s2_t32k64s4_impl {
 constexpr int E = 128, K = 6, H = 2688;
 constexpr int HR = H;   // the router's width (router.hidden, else H): router_x, router_w
-#line 271 "templates/route.lua"
+#line 277 "templates/route.lua"
 constexpr int T = 32, THREADS = 256, NW = 8;
 constexpr int MT = 2;          // m16 tiles: every warp covers all T tokens
 constexpr int WN = 2, WK = 4;     // warps along the pass's columns, along each stage's k16 steps
@@ -327,10 +328,10 @@ static_assert(KSTEPS % WK == 0 && NPASS * EP >= MC && LDL >= NPASS * EP, "tiling
 static_assert(SMEM == (NPASS == 1 ? (S * STAGE * 2 > T * LDL * 4 ? S * STAGE * 2 : T * LDL * 4)
                                   : S * STAGE * 2 + T * LDL * 4), "shared memory: gen/family_route.c's tiling");
 static_assert((STR * 2) % 16 == 0 && LOFF % 16 == 0, "smem alignment");
-#line 302 "templates/route.lua"
+#line 308 "templates/route.lua"
 constexpr int M = 2, KE = 8;   // shared expert slots E .. E+M-1; entries per token
 constexpr int ES = E + M, EL = 128;   // weight slots (counts); logit columns (column E: the gate, if any)
-#line 305 "templates/route.lua"
+#line 311 "templates/route.lua"
 
 /* D = A(16x16, row) * B(16x8, col) + D, fp32 accumulate. */
 static __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
@@ -363,18 +364,18 @@ static __device__ __forceinline__ void load_stage(moe_half_t *dst, const moe_hal
                 src = x + (long long)tok * HR + k;
             } else {
                 const int col = nbase + r - T;
-#line 357 "templates/route.lua"
+#line 363 "templates/route.lua"
                 ok = col < LCOLS && k < HR;
-#line 361 "templates/route.lua"
+#line 367 "templates/route.lua"
                 src = wr + (long long)col * HR + k;
-#line 364 "templates/route.lua"
+#line 370 "templates/route.lua"
             }
             moe_cp_async16(dst + r * STR + q * 8, ok ? src : x, ok ? 16 : 0);
         }
     }
 }
 
-#line 371 "templates/route.lua"
+#line 377 "templates/route.lua"
 constexpr int DNT = 16, DWN = 8, DWK = 1;   // few tokens: n8 tiles; warps along them, along k
 constexpr int DSCR = 4352;      // few tokens: the k-split sums' scratch, bytes into smem
 
@@ -398,9 +399,9 @@ static __device__ __forceinline__ void logits_few(float *lsm, float *scr, const 
         for (int b = 0; b < TB; ++b) {
             const int n = (j0 + b * DWN) * 8 + g;
             wok[b] = j0 + b * DWN < DNT && n < LCOLS;
-#line 397 "templates/route.lua"
+#line 403 "templates/route.lua"
             wrow[b] = wr + (long long)(wok[b] ? n : 0) * HR + k0 + 8 * tq;
-#line 399 "templates/route.lua"
+#line 405 "templates/route.lua"
 #pragma unroll
             for (int r = 0; r < 4; ++r) acc[b][r] = 0.f;
         }
@@ -449,7 +450,7 @@ static __device__ __forceinline__ void logits_few(float *lsm, float *scr, const 
     }
 }
 
-#line 448 "templates/route.lua"
+#line 454 "templates/route.lua"
 /* A ticket: atomically add 1 at p (gpu scope) and return the old value, as a release of every write the block made
  * before its barrier and an acquire of every write released before the tickets taken earlier (a block's threads
  * meet at a barrier, then thread 0 takes it: the barrier orders their writes before its release, and the barrier
@@ -530,6 +531,7 @@ static __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL, v, o);
     return v;
 }
+#line 538 "templates/route.lua"
 }  // namespace nemotron_3_nano_30b_a3b_route_bf16_e128k6s2_t32k64s4_impl
 
 extern "C" __global__ void __launch_bounds__(256)
@@ -542,16 +544,16 @@ nemotron_3_nano_30b_a3b_route_bf16_e128k6s2_t32k64s4(const moe_half_t *__restric
     unsigned char *smem = moe_route_smem;
     __shared__ int s_count[SLOTS];   // this block's selections per weight slot (the plan's counts: one token block)
     __shared__ int s_slot[SLOTS];    // fused: the plan's slot_of (cp.async at the start)
-#line 541 "templates/route.lua"
+#line 554 "templates/route.lua"
     __shared__ int s_ent[NW * ENTRIES], s_row[NW * ENTRIES];   // the fused scatter's entries and their rows
-#line 544 "templates/route.lua"
+#line 558 "templates/route.lua"
     __shared__ int s_sel[ENTRIES];   // the block's first token's slots (a zero expert: INT_MAX), for a 1-token plan
-#line 550 "templates/route.lua"
+#line 564 "templates/route.lua"
     (void)logit_bias;
-#line 553 "templates/route.lua"
+#line 567 "templates/route.lua"
     moe_half_t *ring = reinterpret_cast<moe_half_t *>(smem);
     float *lsm = reinterpret_cast<float *>(smem + LOFF);
-#line 556 "templates/route.lua"
+#line 570 "templates/route.lua"
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int tok0 = blockIdx.x * T;
     if (tok0 >= tokens)
@@ -560,7 +562,7 @@ nemotron_3_nano_30b_a3b_route_bf16_e128k6s2_t32k64s4(const moe_half_t *__restric
      * tail, whose wait finds it long arrived; the staged ring's first wait may cover it too) */
     if (fuse.mode != 0)
         for (int e = tid; e < SLOTS; e += THREADS) slot_async(s_slot + e, fuse.slot_of + e);
-#line 569 "templates/route.lua"
+#line 583 "templates/route.lua"
     for (int e = tid; e < SLOTS; e += THREADS) s_count[e] = 0;   // ordered before use by phase 1's barriers
 
     /* ---- phase 1: logits[T, E] = x[T, HR] . wr[E, HR]^T (x: router_x where the router has its own input) ---- */
@@ -572,13 +574,13 @@ nemotron_3_nano_30b_a3b_route_bf16_e128k6s2_t32k64s4(const moe_half_t *__restric
      * j*8 + (lane & 7) (+8 for lanes 16..31: the pair's second n8 tile), column +8 for lanes 8..15 and 24..31 */
     const int a_off = (lane & 15) * STR + (lane >> 4) * 8;
     const int b_off = (T + wn * NT * 8 + (lane & 7) + ((lane >> 4) << 3)) * STR + ((lane >> 3) & 1) * 8;
-#line 581 "templates/route.lua"
+#line 595 "templates/route.lua"
     if (tokens - tok0 <= 8) {   // block-uniform: few tokens, no staging ("Few tokens")
         logits_few(lsm, reinterpret_cast<float *>(smem + DSCR), x, wr, tok0, tokens - tok0, c0 * BK,
                    min(c1 * BK, HR), tid);
         __syncthreads();
     } else
-#line 587 "templates/route.lua"
+#line 601 "templates/route.lua"
 #pragma unroll 1
     for (int pass = 0; pass < NPASS; ++pass) {
         const int nbase = pass * EP;   // the pass's first logit column
@@ -637,7 +639,7 @@ nemotron_3_nano_30b_a3b_route_bf16_e128k6s2_t32k64s4(const moe_half_t *__restric
         moe_cp_async_wait<0>();
         __syncthreads();   // the ring is free (it may hold the logits)
 
-#line 646 "templates/route.lua"
+#line 660 "templates/route.lua"
         /* fragment (mt, j): rows mt*16 + g (+8), columns wn*NT*8 + j*8 + 2tq (+1) of the pass. Warp wk's
          * fragments to slice wk (slice 0: the logits' own place; slice s > 0: [T][EP] floats at
          * smem + 17408 + (s - 1) T EP 4), one barrier, then each thread adds a float4's slices in wk order
@@ -669,7 +671,7 @@ nemotron_3_nano_30b_a3b_route_bf16_e128k6s2_t32k64s4(const moe_half_t *__restric
             }
             __syncthreads();
         }
-#line 699 "templates/route.lua"
+#line 713 "templates/route.lua"
     }
 
     /* ---- split H: partial logits out, and the last block sums them ---- */
@@ -677,10 +679,10 @@ nemotron_3_nano_30b_a3b_route_bf16_e128k6s2_t32k64s4(const moe_half_t *__restric
         __shared__ int s_last;
         const int nv = min(T, tokens - tok0) * E;   // the block's tokens' logits only
         float *part = route_part + ((long long)blockIdx.y * gridDim.x + blockIdx.x) * (T * E);
-#line 707 "templates/route.lua"
+#line 721 "templates/route.lua"
         for (int i = 4 * tid; i < nv; i += 4 * THREADS)   // LDL and E multiples of 4: a float4 of one token's row
             *reinterpret_cast<float4 *>(part + i) = *reinterpret_cast<const float4 *>(lsm + (i / E) * LDL + i % E);
-#line 712 "templates/route.lua"
+#line 726 "templates/route.lua"
         __syncthreads();   // the block's partials are written: thread 0's ticket releases them
         if (tid == 0)
             s_last = take_ticket(counts + ES + blockIdx.x) == (int)gridDim.y - 1;
@@ -725,7 +727,7 @@ nemotron_3_nano_30b_a3b_route_bf16_e128k6s2_t32k64s4(const moe_half_t *__restric
                 lsm[(j / E) * LDL + j % E] = v;
             __syncthreads();
         } else {   // G is 1 here (G > 1 only while G * nv <= THREADS)
-#line 757 "templates/route.lua"
+#line 771 "templates/route.lua"
             /* four logits a float4: a thread's NB float4s of every split, four splits' loads issued together
              * (the sum over y in split order from 0, as above: the same bits) */
             constexpr int NB = 4;
@@ -755,18 +757,19 @@ nemotron_3_nano_30b_a3b_route_bf16_e128k6s2_t32k64s4(const moe_half_t *__restric
                 }
             }
             __syncthreads();
-#line 812 "templates/route.lua"
+#line 826 "templates/route.lua"
         }
     }
-#line 825 "templates/route.lua"
+#line 839 "templates/route.lua"
 
-#line 828 "templates/route.lua"
+#line 842 "templates/route.lua"
     /* one token, scattered (mode 2): its rows are r * align for r < ENTRIES whatever the experts, since every
      * entry has a slot of its own (top-k picks distinct experts, slot_of is a permutation, the shared slots
      * are their own) and a zero expert's row is where the routed rows end; so the warps phase 2 leaves idle
      * copy x[0] there while warp 0 selects, and the scatter writes the row map only (rows no entry takes
      * get the copy too: xs holds ENTRIES * align rows for one token, moe_max_rows) */
     if (fuse.mode == 2 && tokens == 1 && warp > 0) {
+#line 868 "templates/route.lua"
         constexpr int HV = H / 8;
         const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(x);
         for (int v = tid - 32; v < HV; v += THREADS - 32) {
@@ -775,15 +778,16 @@ nemotron_3_nano_30b_a3b_route_bf16_e128k6s2_t32k64s4(const moe_half_t *__restric
             for (int r = 0; r < ENTRIES; ++r)
                 reinterpret_cast<uint4 *>(fuse.xs + (long long)r * fuse.align * H)[v] = xv;
         }
+#line 877 "templates/route.lua"
     }
-#line 844 "templates/route.lua"
+#line 879 "templates/route.lua"
     /* ---- phase 2: a warp per token: scores, top-k, weights, counts ---- */
 #pragma unroll 1
     for (int tt = warp; tt < T; tt += NW) {
         const int tok = tok0 + tt;
         if (tok >= tokens)
             break;
-#line 851 "templates/route.lua"
+#line 886 "templates/route.lua"
         const float *lrow = lsm + tt * LDL;
         float pv[VPL];
         unsigned valid = 0;
@@ -791,28 +795,28 @@ nemotron_3_nano_30b_a3b_route_bf16_e128k6s2_t32k64s4(const moe_half_t *__restric
         for (int i = 0; i < VPL; ++i) {
             const int e = lane + 32 * i;
             if (e < E) {
-#line 861 "templates/route.lua"
+#line 896 "templates/route.lua"
                 pv[i] = lrow[e];
-#line 863 "templates/route.lua"
+#line 898 "templates/route.lua"
                 valid |= 1u << i;
             } else {
                 pv[i] = 0.f;
             }
         }
-#line 893 "templates/route.lua"
+#line 928 "templates/route.lua"
 #pragma unroll
         for (int i = 0; i < VPL; ++i) pv[i] = ((valid >> i) & 1u) ? 1.0f / (1.0f + expf(-pv[i])) : 0.f;
-#line 921 "templates/route.lua"
+#line 956 "templates/route.lua"
         unsigned ord[VPL];   // selection scores s = p (+ sel_bias), as keys
 #pragma unroll
         for (int i = 0; i < VPL; ++i) {
-#line 925 "templates/route.lua"
+#line 960 "templates/route.lua"
             const int e = lane + 32 * i;
             ord[i] = ord_of(((valid >> i) & 1u) ? pv[i] + __ldg(sel_bias + e) : 0.f);
-#line 930 "templates/route.lua"
+#line 965 "templates/route.lua"
         }
         unsigned cand = valid;
-#line 1052 "templates/route.lua"
+#line 1087 "templates/route.lua"
 
         /* top-k, best first; lane r keeps the r-th expert */
         int mine = 0;
@@ -824,29 +828,29 @@ nemotron_3_nano_30b_a3b_route_bf16_e128k6s2_t32k64s4(const moe_half_t *__restric
             if (lane == (e & 31))
                 cand &= ~(1u << (e >> 5));
         }
-#line 1064 "templates/route.lua"
+#line 1099 "templates/route.lua"
 
         /* weights: p at the selected experts (never the selection bias) */
         float w = 0.f;
-#line 1070 "templates/route.lua"
+#line 1105 "templates/route.lua"
         if (lane < K) {
-#line 1077 "templates/route.lua"
+#line 1112 "templates/route.lua"
             const float l = lrow[mine];
-#line 1082 "templates/route.lua"
+#line 1117 "templates/route.lua"
             w = 1.0f / (1.0f + expf(-l));
-#line 1106 "templates/route.lua"
+#line 1141 "templates/route.lua"
         }
-#line 1108 "templates/route.lua"
+#line 1143 "templates/route.lua"
         {
             const float sum = warp_sum(w);
             if (sum > 0.f)
                 w = w / sum;
         }
-#line 1115 "templates/route.lua"
+#line 1150 "templates/route.lua"
         w *= 2.5f;
-#line 1122 "templates/route.lua"
+#line 1157 "templates/route.lua"
         /* entries K .. KE-1: the shared expert's slots E .. E+M-1, weight g(x) */
-#line 1126 "templates/route.lua"
+#line 1161 "templates/route.lua"
         if (lane < K) {
             topk_idx[(long long)tok * KE + lane] = mine;
             topk_w[(long long)tok * KE + lane] = w;
@@ -855,24 +859,24 @@ nemotron_3_nano_30b_a3b_route_bf16_e128k6s2_t32k64s4(const moe_half_t *__restric
             topk_idx[(long long)tok * KE + lane] = E + lane - K;
             topk_w[(long long)tok * KE + lane] = 1.0f;
         }
-#line 1149 "templates/route.lua"
+#line 1184 "templates/route.lua"
         if (tt < NW && lane < ENTRIES)   // the entries of the fused scatter's tokens (mode 2: at most NW), kept here
             s_ent[tt * ENTRIES + lane] = lane < K ? mine : E + lane - K;
-#line 1153 "templates/route.lua"
+#line 1188 "templates/route.lua"
         if (tt == 0 && lane < ENTRIES)
             s_sel[lane] = lane < K ? (mine < E ? mine : 0x7fffffff) : E + lane - K;
-#line 1156 "templates/route.lua"
+#line 1191 "templates/route.lua"
     }
     __syncthreads();
     for (int e = tid; e < E; e += THREADS)
         if (s_count[e])
             atomicAdd(counts + e, s_count[e]);
-#line 1162 "templates/route.lua"
+#line 1197 "templates/route.lua"
     if (tid < M) {   // every token of the block visits each shared slot
         s_count[E + tid] = min(T, tokens - tok0);
         atomicAdd(counts + E + tid, min(T, tokens - tok0));
     }
-#line 1167 "templates/route.lua"
+#line 1202 "templates/route.lua"
 
     /* ---- fused: the last block to finish plans the permutation (and scatters) ---- */
     if (fuse.mode == 0)
@@ -892,7 +896,7 @@ nemotron_3_nano_30b_a3b_route_bf16_e128k6s2_t32k64s4(const moe_half_t *__restric
             return;
         /* the dynamic smem is free: phase 2 is done with the logits */
         int *s_off = reinterpret_cast<int *>(smem), *s_first = s_off + SLOTS;
-#line 1187 "templates/route.lua"
+#line 1222 "templates/route.lua"
         if (tokens == 1) {
             /* one token: its selected slots (s_sel; distinct: top-k picks distinct experts, the shared slots are
              * their own) take one row block each, in slot order, so a slot's offset is align times the selected
@@ -913,14 +917,16 @@ nemotron_3_nano_30b_a3b_route_bf16_e128k6s2_t32k64s4(const moe_half_t *__restric
                     reinterpret_cast<int4 *>(fuse.tiles)[below] = make_int4(s_slot[e], off, 1, 0);
             }
         } else
-#line 1208 "templates/route.lua"
+#line 1243 "templates/route.lua"
         moe_plan_block<THREADS, SLOTS>(counts, one ? s_count : nullptr, s_slot, fuse.align, fuse.offsets,
                                        fuse.cursor, fuse.tiles, fuse.num_tiles, s_off, s_first, s_wr, s_wt);
-#line 1211 "templates/route.lua"
+#line 1246 "templates/route.lua"
         if (fuse.mode != 2)
             return;
+#line 1251 "templates/route.lua"
         /* the scatter: each entry's row, then a warp per routed row copies x (HV 16-byte vectors) */
         constexpr int HV = H / 8;
+#line 1254 "templates/route.lua"
         int *s_cur = s_first + SLOTS + 1;   // each slot's rows taken so far
         for (int e = tid; e < SLOTS; e += THREADS) s_cur[e] = 0;
         __syncthreads();
@@ -928,33 +934,35 @@ nemotron_3_nano_30b_a3b_route_bf16_e128k6s2_t32k64s4(const moe_half_t *__restric
         /* entry i's id and row from shared memory where this block made them (one token block, its first NW
          * tokens: every call mode 2 is given), else from L2 */
         const int nk = one ? min(n, NW * ENTRIES) : 0;
-#line 1232 "templates/route.lua"
+#line 1273 "templates/route.lua"
         for (int i = tid; i < n; i += THREADS) {
             const int e = i < nk ? s_ent[i] : __ldcg(topk_idx + i);
             const int r = s_off[e] + atomicAdd(s_cur + e, 1);
             fuse.row_of[i] = r;
+#line 1278 "templates/route.lua"
             if (i < nk)
                 s_row[i] = r;
+#line 1281 "templates/route.lua"
         }
-#line 1240 "templates/route.lua"
+#line 1283 "templates/route.lua"
         __syncthreads();   // row_of (global, s_row) and s_cur are complete, for the whole block
         for (int e = tid; e < SLOTS; e += THREADS) fuse.cursor[e] = s_cur[e];   // as permute_scatter leaves it
-#line 1243 "templates/route.lua"
+#line 1289 "templates/route.lua"
         if (tokens == 1)   // phase 2's idle warps copied x[0] to every row one token can take
             return;
-#line 1246 "templates/route.lua"
+#line 1292 "templates/route.lua"
 #pragma unroll 1
         for (int i = warp; i < n; i += NW) {
-#line 1258 "templates/route.lua"
+#line 1304 "templates/route.lua"
             const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(x + (long long)(i / ENTRIES) * H);
             const int row = i < nk ? s_row[i] : __ldcg(fuse.row_of + i);
             uint4 *__restrict__ dst = reinterpret_cast<uint4 *>(fuse.xs + (long long)row * H);
-#line 1266 "templates/route.lua"
+#line 1312 "templates/route.lua"
 #pragma unroll 8
             for (int v = lane; v < HV; v += 32) dst[v] = __ldg(src + v);
-#line 1269 "templates/route.lua"
+#line 1315 "templates/route.lua"
         }
-#line 1273 "templates/route.lua"
+#line 1321 "templates/route.lua"
     }
 }
 
@@ -5371,7 +5379,8 @@ static inline long long moe_route_scratch_bytes(int per_block, int experts, long
  * the call has at most one token per route warp (one pass of the block's
  * warps) and its routed rows are at most MOE_ROUTE_FUSE_SCATTER_BYTES (what
  * one block copies in about a microsecond), when the scatter can be fused
- * at all (scatter = 0: fp8 rows, quantized by their own kernel);
+ * at all (scatter = 0: never; 2: a call of one token alone — fp8 rows,
+ * which route's idle warps quantize while it selects (moe_route_fuse_scatter));
  * MOE_ROUTE_FUSE_OFF otherwise, or when the plan turned it off
  * (MOEGEN_ROUTE_FUSE=off, or an expert-parallel plan). */
 #define MOE_ROUTE_FUSE_OFF 0
@@ -5388,10 +5397,17 @@ static inline long long moe_route_scratch_bytes(int per_block, int experts, long
 static inline int moe_route_fuse_mode(long long tokens, int entries, long long hidden, int route_warps, int scatter) {
     if (tokens < 1 || tokens > MOE_ROUTE_FUSE_TOKENS)
         return MOE_ROUTE_FUSE_OFF;
-    if (scatter && tokens <= route_warps && tokens * entries * hidden * 2 <= MOE_ROUTE_FUSE_SCATTER_BYTES)
+    if (scatter && (scatter == 1 || tokens == 1) && tokens <= route_warps &&
+        tokens * entries * hidden * 2 <= MOE_ROUTE_FUSE_SCATTER_BYTES)
         return MOE_ROUTE_FUSE_SCATTER;
     return MOE_ROUTE_FUSE_PLAN;
 }
+
+/* moe_route_fuse_mode's scatter for a spec: 1 (bf16 / fp16 rows, copied), 2
+ * with fp8 weights (one token's row quantized by route's idle warps while
+ * it selects: templates/route.lua), 0 for fp8 with router.apply = "input"
+ * or given ids (a row that depends on the selection). */
+static inline int moe_route_fuse_scatter(int fp8, int apply_input, int given) { return !fp8 ? 1 : apply_input || given ? 0 : 2; }
 
 /* The combine splits each token's H columns across gridDim.y blocks when
  * there are few tokens, so that about MOE_COMBINE_WARPS warps share the
@@ -5855,9 +5871,9 @@ extern "C" cudaError_t nemotron_3_nano_30b_a3b_forward(const nemotron_3_nano_30b
     if (e != cudaSuccess) return e;
 #line 366 "templates/host.lua"
     /* calls of few tokens: the permute plan (and the scatter) in route's last block (moe_route_fuse_mode) */
-    moe_route_fuse_t fz = {0, nemotron_3_nano_30b_a3b_variant_align[v], dev->slot_of, offsets, cursor, tiles, num_tiles, xs, row_of};
+    moe_route_fuse_t fz = {0, nemotron_3_nano_30b_a3b_variant_align[v], dev->slot_of, offsets, cursor, tiles, num_tiles, xs, row_of, (float *)0};
     if (dev->route_fuse)
-        fz.mode = moe_route_fuse_mode(T, 8, 2688, 8, 1);
+        fz.mode = moe_route_fuse_mode(T, 8, 2688, 8, moe_route_fuse_scatter(0, 0, 0));
     nemotron_3_nano_30b_a3b_launch(pdl, nemotron_3_nano_30b_a3b_route_bf16_e128k6s2_t32k64s4, dim3(moe_blocks(T, 32), moe_route_split(T, 32, 2688)), 256, 92160, stream,
         (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,
         counts, route_part, fz);
@@ -5873,115 +5889,115 @@ extern "C" cudaError_t nemotron_3_nano_30b_a3b_forward(const nemotron_3_nano_30b
 #line 379 "templates/host.lua"
     else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 3)
         nemotron_3_nano_30b_a3b_launch(pdl, nemotron_3_nano_30b_a3b_permute_plan_e130_a128, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 386 "templates/host.lua"
+#line 387 "templates/host.lua"
     /* the sm_90a TMA up GEMMs gather their rows from x (docs/DESIGN.md, "The gathered up GEMM"): then the scatter
      * writes src_of and no rows; not when route scatters, nor for a gemv-grid (or sm_80) up GEMM; MOEGEN_GATHER as
      * libmoegen reads it (auto: at the sizes moe_gather_tokens allows) */
     int *gsrc = (int *)0;
     (void)src_of;
-#line 399 "templates/host.lua"
+#line 400 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_SCATTER && dev->use90 && dev->gather && (v == 2 || v == 3) &&
         (dev->gather == 1 || moe_gather_tokens(T, 8, 130, 1856)))
         gsrc = src_of;
-#line 403 "templates/host.lua"
+#line 404 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_SCATTER)
         nemotron_3_nano_30b_a3b_launch(pdl, nemotron_3_nano_30b_a3b_permute_scatter_bf16_h2688k8_gx, dim3(moe_blocks(T, 8)), 256, 0, stream, (const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of, gsrc);
-#line 492 "templates/host.lua"
+#line 493 "templates/host.lua"
     /* few tokens: a gemv down GEMM writes y itself (moe_combine_fuse_tokens) */
     const int cfuse = dev->combine_fuse && moe_combine_fuse_tokens(T);
     int combined = 0;
     (void)cfuse;
-#line 510 "templates/host.lua"
+#line 511 "templates/host.lua"
     if (v == 0) { /* calls of 1 .. 7 tokens */
-#line 459 "templates/host.lua"
+#line 460 "templates/host.lua"
         if (dev->use90) {
-#line 452 "templates/host.lua"
+#line 453 "templates/host.lua"
         nemotron_3_nano_30b_a3b_launch(pdl, nemotron_3_nano_30b_a3b_gemm_up_swiglu_bf16_sm90a_gemv3_m64n32u2, dim3(116, (unsigned)tiles_y), 256, 10752, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 443 "templates/host.lua"
+#line 444 "templates/host.lua"
         combined = cfuse;
-#line 452 "templates/host.lua"
+#line 453 "templates/host.lua"
         nemotron_3_nano_30b_a3b_launch(pdl, nemotron_3_nano_30b_a3b_gemm_down_bf16_sm90a_gemv3_m64n32u2, dim3(84, (unsigned)tiles_y), 256, 7424, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs, row_of, topk_w, T, cfuse ? (moe_half_t *)a->y : (moe_half_t *)0, counts + 196);
-#line 482 "templates/host.lua"
+#line 483 "templates/host.lua"
         } else {
-#line 452 "templates/host.lua"
+#line 453 "templates/host.lua"
         nemotron_3_nano_30b_a3b_launch(pdl, nemotron_3_nano_30b_a3b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(29, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 452 "templates/host.lua"
+#line 453 "templates/host.lua"
         nemotron_3_nano_30b_a3b_launch(pdl, nemotron_3_nano_30b_a3b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(21, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 489 "templates/host.lua"
+#line 490 "templates/host.lua"
         }
-#line 510 "templates/host.lua"
+#line 511 "templates/host.lua"
     } else if (v == 1) { /* calls of 8 .. 63 tokens */
-#line 459 "templates/host.lua"
+#line 460 "templates/host.lua"
         if (dev->use90) {
-#line 452 "templates/host.lua"
+#line 453 "templates/host.lua"
         nemotron_3_nano_30b_a3b_launch(pdl, nemotron_3_nano_30b_a3b_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u2, dim3(116, (unsigned)tiles_y), 256, 43008, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 443 "templates/host.lua"
+#line 444 "templates/host.lua"
         combined = cfuse;
-#line 452 "templates/host.lua"
+#line 453 "templates/host.lua"
         nemotron_3_nano_30b_a3b_launch(pdl, nemotron_3_nano_30b_a3b_gemm_down_bf16_sm90a_gemv_m64n32u2, dim3(84, (unsigned)tiles_y), 256, 29696, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs, row_of, topk_w, T, cfuse ? (moe_half_t *)a->y : (moe_half_t *)0, counts + 196);
-#line 482 "templates/host.lua"
+#line 483 "templates/host.lua"
         } else {
-#line 452 "templates/host.lua"
+#line 453 "templates/host.lua"
         nemotron_3_nano_30b_a3b_launch(pdl, nemotron_3_nano_30b_a3b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(29, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 452 "templates/host.lua"
+#line 453 "templates/host.lua"
         nemotron_3_nano_30b_a3b_launch(pdl, nemotron_3_nano_30b_a3b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(21, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 489 "templates/host.lua"
+#line 490 "templates/host.lua"
         }
-#line 510 "templates/host.lua"
+#line 511 "templates/host.lua"
     } else if (v == 2) { /* calls of 64 .. 2047 tokens */
-#line 459 "templates/host.lua"
+#line 460 "templates/host.lua"
         if (dev->use90) {
-#line 464 "templates/host.lua"
+#line 465 "templates/host.lua"
         moe_tmap_t ma, mb;
-#line 414 "templates/host.lua"
+#line 415 "templates/host.lua"
         if ((e = nemotron_3_nano_30b_a3b_tmap(dev->encode, &ma, xs, tiles_y * 64, 2688, 64)) != cudaSuccess ||
             (e = nemotron_3_nano_30b_a3b_tmap(dev->encode, &mb, a->w1p, 482560LL, 2688, 128)) != cudaSuccess)
             return e;
-#line 432 "templates/host.lua"
+#line 433 "templates/host.lua"
         nemotron_3_nano_30b_a3b_launch(pdl, nemotron_3_nano_30b_a3b_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8_gx, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 29, 0, 0, 0)), 256, 147552, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf, (const moe_half_t *)a->x, (const int *)gsrc);
-#line 414 "templates/host.lua"
+#line 415 "templates/host.lua"
         if ((e = nemotron_3_nano_30b_a3b_tmap(dev->encode, &ma, hbuf, tiles_y * 64, 1856, 64)) != cudaSuccess ||
             (e = nemotron_3_nano_30b_a3b_tmap(dev->encode, &mb, a->w2, 349440LL, 1856, 128)) != cudaSuccess)
             return e;
-#line 432 "templates/host.lua"
+#line 433 "templates/host.lua"
         nemotron_3_nano_30b_a3b_launch(pdl, nemotron_3_nano_30b_a3b_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 21, 0, 0, 0)), 256, 147552, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 482 "templates/host.lua"
+#line 483 "templates/host.lua"
         } else {
-#line 452 "templates/host.lua"
+#line 453 "templates/host.lua"
         nemotron_3_nano_30b_a3b_launch(pdl, nemotron_3_nano_30b_a3b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(29, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 452 "templates/host.lua"
+#line 453 "templates/host.lua"
         nemotron_3_nano_30b_a3b_launch(pdl, nemotron_3_nano_30b_a3b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(21, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 489 "templates/host.lua"
+#line 490 "templates/host.lua"
         }
-#line 510 "templates/host.lua"
+#line 511 "templates/host.lua"
     } else if (v == 3) { /* calls of 2048 or more tokens */
-#line 459 "templates/host.lua"
+#line 460 "templates/host.lua"
         if (dev->use90) {
-#line 464 "templates/host.lua"
+#line 465 "templates/host.lua"
         moe_tmap_t ma, mb;
-#line 414 "templates/host.lua"
+#line 415 "templates/host.lua"
         if ((e = nemotron_3_nano_30b_a3b_tmap(dev->encode, &ma, xs, tiles_y * 128, 2688, 128)) != cudaSuccess ||
             (e = nemotron_3_nano_30b_a3b_tmap(dev->encode, &mb, a->w1p, 482560LL, 2688, 256)) != cudaSuccess)
             return e;
-#line 432 "templates/host.lua"
+#line 433 "templates/host.lua"
         nemotron_3_nano_30b_a3b_launch(pdl, nemotron_3_nano_30b_a3b_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s3c2g8_gx, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 15, 0, 0, 0)), 384, 147504, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf, (const moe_half_t *)a->x, (const int *)gsrc);
-#line 414 "templates/host.lua"
+#line 415 "templates/host.lua"
         if ((e = nemotron_3_nano_30b_a3b_tmap(dev->encode, &ma, hbuf, tiles_y * 128, 1856, 128)) != cudaSuccess ||
             (e = nemotron_3_nano_30b_a3b_tmap(dev->encode, &mb, a->w2, 349440LL, 1856, 256)) != cudaSuccess)
             return e;
-#line 432 "templates/host.lua"
+#line 433 "templates/host.lua"
         nemotron_3_nano_30b_a3b_launch(pdl, nemotron_3_nano_30b_a3b_gemm_down_bf16_sm90a_tma_m128n256k64s3c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 11, 0, 0, 0)), 384, 147504, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 482 "templates/host.lua"
+#line 483 "templates/host.lua"
         } else {
-#line 452 "templates/host.lua"
+#line 453 "templates/host.lua"
         nemotron_3_nano_30b_a3b_launch(pdl, nemotron_3_nano_30b_a3b_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8, dim3(29, (unsigned)tiles_y), 256, 81920, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 452 "templates/host.lua"
+#line 453 "templates/host.lua"
         nemotron_3_nano_30b_a3b_launch(pdl, nemotron_3_nano_30b_a3b_gemm_down_bf16_m128n128k32s4w2x4g8, dim3(21, (unsigned)tiles_y), 256, 81920, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 489 "templates/host.lua"
+#line 490 "templates/host.lua"
         }
-#line 513 "templates/host.lua"
+#line 514 "templates/host.lua"
     }
-#line 515 "templates/host.lua"
+#line 516 "templates/host.lua"
     if (!combined)
         nemotron_3_nano_30b_a3b_launch(pdl, nemotron_3_nano_30b_a3b_combine_bf16_h2688k8, dim3(moe_blocks(T, 8), moe_combine_split(T, 2688)), 256, 0, stream, xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
@@ -6004,7 +6020,7 @@ extern "C" void nemotron_3_nano_30b_a3b_pack_b1(const unsigned short *b1, unsign
             b1p[e * 2 * F + moe_pack_row(r, F)] = b1[e * 2 * F + r];
 }
 
-#line 538 "templates/host.lua"
+#line 539 "templates/host.lua"
 /* The device-side pack of one checkpoint tensor (the runtime's
  * moe_plan_pack_async; README.md, "Weight layouts"): slots first ..
  * first + count - 1 of packed tensor `tensor` (pack_geom.h's MOE_PACK_*)
@@ -6029,7 +6045,7 @@ extern "C" cudaError_t nemotron_3_nano_30b_a3b_pack(int tensor, void *dst, const
         (const unsigned short *)(two ? src1 : src0), a, b, first, count);
     return cudaGetLastError();
 }
-#line 642 "templates/host.lua"
+#line 643 "templates/host.lua"
 
 /* The shared expert's slots E + j (j < 2): gate rows jF.., up
  * rows F_s + jF.. of w1s [2F_s, H] into w1p (packed like nemotron_3_nano_30b_a3b_pack_w1),
@@ -6049,5 +6065,5 @@ extern "C" void nemotron_3_nano_30b_a3b_pack_shared(const unsigned short *w1s, c
                 w2[((E + j) * H + h) * F + f] = w2s[h * FS + j * F + f];
     }
 }
-#line 662 "templates/host.lua"
+#line 663 "templates/host.lua"
 #endif /* __CUDACC_RTC__ */
