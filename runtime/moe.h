@@ -590,6 +590,8 @@ typedef struct {
     int pair_clusters;            /* CTA pairs ("+mc" tuning entries: 2-CTA clusters) the device keeps resident
                                      at once for the plan's pair GEMMs (the driver's occupancy answer; their grid
                                      is twice it at most); 0 = the plan has none */
+    int weight_grad_bytes;        /* bytes of an element of moe_backward's dw1p and dw2: 4 (fp32) or 2 (the
+                                     dtype: spec weight_grads = "dtype"); 0 for a plan without training */
 } moe_plan_info;
 #ifdef __cplusplus
 #define MOE_PLAN_INFO_INIT {sizeof(moe_plan_info)}

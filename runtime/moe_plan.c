@@ -733,7 +733,8 @@ moe_status moe_plan_get_info(const moe_plan *p, moe_plan_info *info) {
                             .cudnn_version = moe_cudnn_version(p->cudnn),
                             .gather_bytes = (long long)moe_ep_gather_bytes(p->ep->mp, s),
                             .route_fuse = p->route_fuse, .pdl = pdl_mode(p), .gather = gather_mode(p),
-                            .pair_clusters = p->launcher.clusters};
+                            .pair_clusters = p->launcher.clusters,
+                            .weight_grad_bytes = s->training ? moe_wgrad_elem_bytes(s) : 0};
     for (int i = 0; i < MOE_K_COUNT; i++)
         full.kernels[i] = p->launcher.kernels[i].name;
     /* only the bytes the caller's moe.h declares */

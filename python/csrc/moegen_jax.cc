@@ -315,7 +315,12 @@ ffi::Error backward_impl(void *stream, int32_t device, ffi::AnyBuffer dy, ffi::A
     if (ffi::Error e = aligned("the saved region", saved, moe_plan_saved_size(p, T, recompute_u), c.tokens, &sv);
         e.failure())
         return e;
-    // the gradients: fp32, shaped as their tensors, or [0] for one the spec lacks
+    // the gradients: fp32 (dw1p and dw2 x's dtype with spec weight_grads = "dtype"), shaped as their tensors,
+    // or [0] for one the spec lacks
+    moe_plan_info info;
+    memset(&info, 0, sizeof info);
+    info.struct_size = sizeof info;
+    const bool wgrad_half = moe_plan_get_info(p, &info) == MOE_OK && info.weight_grad_bytes == 2;
     struct {
         const char *name;
         int t;   // index in kNames
@@ -323,18 +328,19 @@ ffi::Error backward_impl(void *stream, int32_t device, ffi::AnyBuffer dy, ffi::A
     } g[] = {{"d_router_w", 0, &d_router_w}, {"d_logit_bias", 4, &d_logit_bias}, {"dw1p", 1, &dw1p},
              {"db1p", 5, &db1p},             {"dw2", 2, &dw2},                   {"db2", 6, &db2},
              {"d_shared_gate", 7, &d_shared_gate}};
-    float *out[7];
+    void *out[7];
     for (int i = 0; i < 7; i++) {
         const Expect &e = c.b->t[g[i].t];
         ffi::AnyBuffer r = **g[i].r;
         auto d = r.dimensions();
-        bool ok = r.element_type() == ffi::DataType::F32 && (int)d.size() == (e.rank ? e.rank : 1);
+        const ffi::DataType want = wgrad_half && (i == 2 || i == 4) ? x.element_type() : ffi::DataType::F32;
+        bool ok = r.element_type() == want && (int)d.size() == (e.rank ? e.rank : 1);
         for (int k = 0; ok && k < (int)d.size(); k++)
             ok = d[k] == (e.rank ? e.dims[k] : 0);
         if (!ok)
-            return bad(std::string(g[i].name) + " must be fp32 shaped as " + kNames[g[i].t] + " (or [0]), not " +
-                       dtype_name(r.element_type()) + " " + dims_text(d));
-        out[i] = e.rank ? (float *)r.untyped_data() : nullptr;
+            return bad(std::string(g[i].name) + " must be " + dtype_name(want) + " shaped as " + kNames[g[i].t] +
+                       " (or [0]), not " + dtype_name(r.element_type()) + " " + dims_text(d));
+        out[i] = e.rank ? r.untyped_data() : nullptr;
     }
     if (T == 0)
         return bad("the backward takes at least 1 token (moegen.jax gives 0 tokens zero gradients itself)");
@@ -354,13 +360,13 @@ ffi::Error backward_impl(void *stream, int32_t device, ffi::AnyBuffer dy, ffi::A
     a.workspace = ws;
     a.accumulate = 0;
     a.dx = dx->untyped_data();
-    a.d_router_w = out[0];
-    a.d_logit_bias = out[1];
+    a.d_router_w = (float *)out[0];
+    a.d_logit_bias = (float *)out[1];
     a.dw1p = out[2];
-    a.db1p = out[3];
+    a.db1p = (float *)out[3];
     a.dw2 = out[4];
-    a.db2 = out[5];
-    a.d_shared_gate = out[6];
+    a.db2 = (float *)out[5];
+    a.d_shared_gate = (float *)out[6];
     moe_status st = moe_backward(p, &a, stream);
     if (st != MOE_OK)
         return failed("moe_backward", st);

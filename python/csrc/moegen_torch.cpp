@@ -64,6 +64,7 @@ struct Entry {
     int device;
     int recompute_u;
     bool training;
+    bool wgrad_half;   // moe_backward's dw1p and dw2 in x's dtype (spec weight_grads = "dtype"), else fp32
     int64_t capacity, hidden;
     Expect t[kTensors];
 };
@@ -258,8 +259,9 @@ using Grads = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
 
 // moe_backward's outputs: dx [tokens, H] (x's dtype), then fp32 d_router_w
 // [E, H], d_logit_bias [E], dw1p [S, 2F, H] (packed rows), db1p [S, 2F],
-// dw2 [S, H, F], db2 [S, H], d_shared_gate [H]; each of the optional ones
-// [0] where the spec has no such tensor.
+// dw2 [S, H, F], db2 [S, H], d_shared_gate [H] (dw1p and dw2 in x's dtype
+// with spec weight_grads = "dtype"); each of the optional ones [0] where
+// the spec has no such tensor.
 Grads backward_cuda(const Tensor &dy, const Tensor &saved, const Tensor &x, const Tensor &router_w, const Tensor &w1p,
                     const Tensor &w2, const OptT &router_bias, const OptT &router_logit_bias, const OptT &b1p,
                     const OptT &b2, const OptT &shared_gate, int64_t plan) {
@@ -276,11 +278,14 @@ Grads backward_cuda(const Tensor &dy, const Tensor &saved, const Tensor &x, cons
     TORCH_CHECK_VALUE(saved.scalar_type() == at::kByte && saved.dim() == 1 && saved.device() == x.device() &&
                           static_cast<size_t>(saved.numel()) >= need && saved.is_contiguous(),
                       "moegen: saved must be moe_train's uint8 [", need, "] for ", tokens, " tokens");
-    auto f32 = x.options().dtype(at::kFloat);
-    auto grad = [&](const Expect &w) { return at::empty(w.present ? at::IntArrayRef(w.dims) : at::IntArrayRef{0}, f32); };
-    Tensor dx = at::empty_like(x), d_router_w = grad(e.t[T_ROUTER_W]), d_logit_bias = grad(e.t[T_LOGIT_BIAS]);
-    Tensor dw1p = grad(e.t[T_W1P]), db1p = grad(e.t[T_B1P]), dw2 = grad(e.t[T_W2]), db2 = grad(e.t[T_B2]);
-    Tensor d_shared_gate = grad(e.t[T_SHARED_GATE]);
+    auto f32 = x.options().dtype(at::kFloat), wt = e.wgrad_half ? x.options() : f32;
+    auto grad = [&](const Expect &w, const at::TensorOptions &o) {
+        return at::empty(w.present ? at::IntArrayRef(w.dims) : at::IntArrayRef{0}, o);
+    };
+    Tensor dx = at::empty_like(x), d_router_w = grad(e.t[T_ROUTER_W], f32), d_logit_bias = grad(e.t[T_LOGIT_BIAS], f32);
+    Tensor dw1p = grad(e.t[T_W1P], wt), db1p = grad(e.t[T_B1P], f32), dw2 = grad(e.t[T_W2], wt),
+           db2 = grad(e.t[T_B2], f32);
+    Tensor d_shared_gate = grad(e.t[T_SHARED_GATE], f32);
     if (tokens == 0) {   // nothing enqueued: the gradients of an empty batch are zeros
         for (Tensor *g : {&d_router_w, &d_logit_bias, &dw1p, &db1p, &dw2, &db2, &d_shared_gate})
             g->zero_();
@@ -304,9 +309,9 @@ Grads backward_cuda(const Tensor &dy, const Tensor &saved, const Tensor &x, cons
     a.dx = dx.data_ptr();
     a.d_router_w = d_router_w.data_ptr<float>();
     a.d_logit_bias = out(e.t[T_LOGIT_BIAS], d_logit_bias);
-    a.dw1p = dw1p.data_ptr<float>();
+    a.dw1p = dw1p.data_ptr();
     a.db1p = out(e.t[T_B1P], db1p);
-    a.dw2 = dw2.data_ptr<float>();
+    a.dw2 = dw2.data_ptr();
     a.db2 = out(e.t[T_B2], db2);
     a.shared_gate = ptr(shared_gate);
     a.d_shared_gate = out(e.t[T_SHARED_GATE], d_shared_gate);
@@ -527,6 +532,7 @@ __attribute__((visibility("default"))) int moegen_torch_register(int64_t id, con
     e->capacity = info.tokens;
     e->hidden = info.hidden;
     e->training = moe_plan_saved_size(p, 1, 0) > 0;
+    e->wgrad_half = info.weight_grad_bytes == 2;
     for (int i = 0; i < kTensors; i++) {
         int rank = 0;
         int64_t dims[4];

@@ -71,7 +71,8 @@ class PlanInfo(ctypes.Structure):
                 ("cache_hit", c_int), ("kernels", c_char_p * 6), ("world", c_int), ("rank", c_int), ("ep", c_int),
                 ("ep_rank", c_int), ("fsdp", c_int), ("fsdp_rank", c_int), ("stored", c_int), ("held", c_int),
                 ("dispatch_capacity", c_int), ("cudnn_version", c_int), ("gather_bytes", ctypes.c_longlong),
-                ("route_fuse", c_int), ("pdl", c_int), ("gather", c_int), ("pair_clusters", c_int)]
+                ("route_fuse", c_int), ("pdl", c_int), ("gather", c_int), ("pair_clusters", c_int),
+                ("weight_grad_bytes", c_int)]
 
 
 class PackSrc(ctypes.Structure):

@@ -183,6 +183,7 @@ def bind(plan):
                     lambda t, r: lib.moe_plan_saved_size(handle, t, r),
                     lambda t, r: lib.moe_plan_backward_workspace_size(handle, t, r),
                     lambda t: lib.moe_plan_train_workspace_size(handle, t))
+        b.wgrad_half = getattr(plan.info, "weight_grad_bytes", 4) == 2  # spec weight_grads = "dtype"
         _bound[b.id] = plan
         plan._jax_binding = b
         plan.on_close(lambda: unbind(plan))
@@ -271,10 +272,11 @@ def _backward(b, recompute_u, dy, saved, x2, ts):
     import numpy as np
     T, f32 = x2.shape[0], np.float32
     present = sum(1 << i for i, t in enumerate(ts[3:]) if t is not None)
-    like = lambda t: jax.ShapeDtypeStruct(tuple(t.shape) if t is not None else (0,), f32)
+    like = lambda t, dt=f32: jax.ShapeDtypeStruct(tuple(t.shape) if t is not None else (0,), dt)
+    wt = x2.dtype if getattr(b, "wgrad_half", False) else f32   # dw1p, dw2: spec weight_grads
     rw, w1p, w2, _, lb, b1p, b2, sg = ts[:8]   # a training plan has no fp8 scales
     call = jax.ffi.ffi_call(BACKWARD_TARGET, (
-        jax.ShapeDtypeStruct(x2.shape, x2.dtype), like(rw), like(lb), like(w1p), like(b1p), like(w2), like(b2),
+        jax.ShapeDtypeStruct(x2.shape, x2.dtype), like(rw), like(lb), like(w1p, wt), like(b1p), like(w2, wt), like(b2),
         like(sg), jax.ShapeDtypeStruct((b.backward_workspace_size(T, recompute_u) + WORKSPACE_ALIGN,), np.uint8)))
     dx, drw, dlb, dw1p, db1p, dw2, db2, dsg, _ = call(
         dy.astype(x2.dtype), saved, x2, *(t for t in ts if t is not None), plan=np.uint64(b.id),

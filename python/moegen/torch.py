@@ -66,6 +66,8 @@ class _Entry:
         self.fp8 = plan.tensors["w1s"] is not None
         self.expect = {n: (torch.Size(t[0]), _DTYPES[t[1]]) if t else None for n, t in plan.tensors.items()}
         self.dtype = self.expect["x"][1]
+        # moe_backward's dw1p and dw2: fp32, or the dtype (spec weight_grads = "dtype")
+        self.wgrad_dtype = self.dtype if getattr(plan.info, "weight_grad_bytes", 4) == 2 else torch.float32
         # the fast path's expectations, in the op's argument order: (shape, dtype) or None
         self.want = tuple(self.expect[n] for n in ORDER)
         self.ws = {}  # tokens -> workspace bytes
@@ -314,15 +316,19 @@ def _train_fake(x, router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2, s
     return y, x.new_empty(_entry(plan).saved_size(int(x.shape[0])), dtype=torch.uint8)
 
 
-def _grads_like(x, router_w, w1p, w2, router_logit_bias, b1p, b2, shared_gate):
-    """moe_backward's outputs, empty: dx like x, fp32 gradients shaped like
-    the tensors given, [0] for those absent."""
-    g = lambda t: x.new_empty(t.shape if t is not None else (0,), dtype=torch.float32)
-    return (torch.empty_like(x), g(router_w), g(router_logit_bias), g(w1p), g(b1p), g(w2), g(b2), g(shared_gate))
+def _grads_like(x, router_w, w1p, w2, router_logit_bias, b1p, b2, shared_gate, wgrad_dtype=torch.float32):
+    """moe_backward's outputs, empty: dx like x, gradients shaped like the
+    tensors given, [0] for those absent: dw1p and dw2 of wgrad_dtype (the
+    plan's: fp32, or x's dtype with spec weight_grads = "dtype"), the others
+    fp32."""
+    g = lambda t, dt=torch.float32: x.new_empty(t.shape if t is not None else (0,), dtype=dt)
+    return (torch.empty_like(x), g(router_w), g(router_logit_bias), g(w1p, wgrad_dtype), g(b1p), g(w2, wgrad_dtype),
+            g(b2), g(shared_gate))
 
 
 def _backward_fake(dy, saved, x, router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2, shared_gate, plan):
-    return _grads_like(x, router_w, w1p, w2, router_logit_bias, b1p, b2, shared_gate)
+    e = _plans.get(plan) or _entry(plan)
+    return _grads_like(x, router_w, w1p, w2, router_logit_bias, b1p, b2, shared_gate, e.wgrad_dtype)
 
 
 def _not_cuda(x):
@@ -392,7 +398,7 @@ def _backward_cuda(dy, saved, x, router_w, w1p, w2, router_bias, router_logit_bi
     if (saved.dtype != torch.uint8 or saved.dim() != 1 or saved.device != x.device or saved.numel() < need
             or not saved.is_contiguous()):
         raise ValueError("moegen: saved must be moe_train's uint8 [%d] for %d tokens" % (need, tokens))
-    g = _grads_like(x, router_w, w1p, w2, router_logit_bias, b1p, b2, shared_gate)
+    g = _grads_like(x, router_w, w1p, w2, router_logit_bias, b1p, b2, shared_gate, e.wgrad_dtype)
     ext = router_x is not None or router_expert_scale is not None
     drx = None if router_x is None else torch.empty_like(router_x)
     des = None if router_expert_scale is None else torch.empty_like(router_expert_scale)
@@ -478,7 +484,8 @@ class _NoBackward(torch.autograd.Function):
 class _Train(torch.autograd.Function):
     """The layer under autograd for a training plan: moegen::moe_train's y,
     and a backward through moegen::moe_backward. Gradients come back in the
-    parameters' dtypes (moe_backward's weight gradients are fp32);
+    parameters' dtypes (moe_backward's weight gradients are fp32, or with
+    spec weight_grads = "dtype" the parameters' own, which need no cast);
     router_bias gets none (the routing choice is a constant of the
     backward). The C++ ops' Train in moegen_torch.cpp is the same."""
 
@@ -810,18 +817,23 @@ class MoE(torch.nn.Module):
         self._ext = self.plan.tensors["router_x"] is not None or self.plan.tensors["router_expert_scale"] is not None
 
     def unpack_grad(self, g, name="w1p"):
-        """The plain layout of a packed fp32 gradient g of w1p [S, 2F, H]
-        (gate rows 0..F-1, then up rows) or b1p [S, 2F] (name "b1p"),
-        through moe_plan_unpack_grad on torch's current stream; a new
-        tensor. (w2's and b2's gradients are plain already.)"""
+        """The plain layout of a packed gradient g of w1p [S, 2F, H] (gate
+        rows 0..F-1, then up rows; fp32, or the dtype with spec weight_grads
+        = "dtype") or b1p [S, 2F] (name "b1p", fp32), through
+        moe_plan_unpack_grad on torch's current stream; a new tensor. (w2's
+        and b2's gradients are plain already.)"""
         tensor = {"w1p": _lib.TENSOR_W1, "b1p": _lib.TENSOR_B1}.get(name)
         p = getattr(self, name, None) if tensor is not None else None
         if p is None:
             raise ValueError("moegen: unpack_grad takes the gradient of w1p or b1p (of a spec that has it), not %r"
                              % (name,))
-        if not isinstance(g, torch.Tensor) or g.dtype != torch.float32 or g.shape != p.shape or \
+        dt = torch.float32
+        if name == "w1p" and getattr(self.plan.info, "weight_grad_bytes", 4) == 2:
+            dt = p.dtype  # spec weight_grads = "dtype"
+        if not isinstance(g, torch.Tensor) or g.dtype != dt or g.shape != p.shape or \
                 g.device != p.device or not g.is_contiguous():
-            raise ValueError("moegen: unpack_grad takes a contiguous float32 %s on %s" % (list(p.shape), p.device))
+            raise ValueError("moegen: unpack_grad takes a contiguous %s %s on %s" % (str(dt)[6:], list(p.shape),
+                                                                                      p.device))
         out = torch.empty_like(g)
         with torch.cuda.device(g.device):
             self.plan.unpack_grad(tensor, g.data_ptr(), out.data_ptr(), g.shape[0],

@@ -122,6 +122,10 @@ TRAIN_SPECS = {
     "train_shared": dict(name="train_shared", experts=8, top_k=2, hidden=256, ffn=128, tokens=128,
                          router=dict(score="softmax", renormalize=False), shared=dict(ffn=256, gate="sigmoid"),
                          training=True),
+    # the weight gradients in the parameters' dtype (weight_grads = "dtype": no fp32 buffers, no cast)
+    "train_hgrad": dict(name="train_hgrad", experts=8, top_k=2, hidden=512, ffn=256, tokens=256,
+                        router=dict(score="softmax", renormalize=True), ffn_bias=True, training=True,
+                        weight_grads="dtype"),
 }
 TOL_GRAD = 2.5e-2
 
@@ -715,8 +719,12 @@ def check_training(name, keys, recompute_u=False):
         y, saved = torch.ops.moegen.moe_train(x, *args, moe.plan_id)
         g = torch.ops.moegen.moe_backward(dy, saved, x, *args, moe.plan_id)
         torch.cuda.synchronize()
+        wdt = moe.w1p.dtype if keys.get("weight_grads") == "dtype" else torch.float32
+        report(g[3].dtype == wdt and g[5].dtype == wdt and g[4].dtype in (torch.float32,),
+               "%s: moe_backward's dw1p, dw2 are %s, %s (want %s); db1p %s" % (tag, g[3].dtype, g[5].dtype, wdt,
+                                                                            g[4].dtype))
         err = nerr(joined_grads(moe, keys, moe.unpack_grad(g[3]), g[5])["w1"], ref["w1"])
-        report(err <= TOL_GRAD, "%s: moegen::moe_backward's fp32 dW1 (unpacked): error %.2e" % (tag, err))
+        report(err <= TOL_GRAD, "%s: moegen::moe_backward's %s dW1 (unpacked): error %.2e" % (tag, wdt, err))
         try:
             torch.ops.moegen.moe_backward(dy.float(), saved, x, *args, moe.plan_id)
             report(False, "%s: an fp32 dy was accepted" % tag)
