@@ -199,9 +199,10 @@ class Plan:
         return True
 
     def unpack_grad(self, tensor, src, dst, count, stream):
-        """moe_plan_unpack_grad: the plain layout of the packed fp32
-        gradient at device address src (tensor _lib.TENSOR_W1: dw1p [count,
-        2F, H]; _B1: db1p [count, 2F]) written to dst, on stream."""
+        """moe_plan_unpack_grad: the plain layout of the packed gradient at
+        device address src (tensor _lib.TENSOR_W1: dw1p [count, 2F, H], fp32
+        or, when info.weight_grad_bytes is 2, the dtype; _B1: db1p [count,
+        2F], fp32) written to dst, on stream."""
         st = self._lib.moe_plan_unpack_grad(self.handle, tensor, src, dst, count, stream)
         if st != 0:
             raise _lib.fail(self._lib, st, "moe_plan_unpack_grad")
