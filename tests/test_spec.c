@@ -209,6 +209,7 @@ static const char *const required_bad[] = {
     "enum_activation_clamp", "shared_limit_without_ffn", "shared_limit_without_limit",
     "shared_unclamped_without_limit", "shared_limit_and_unclamped", "shared_limit_zero", "relu2_limit",
     "router_hidden_without_input", "router_hidden_training", "router_hidden_not_multiple",
+    "weight_grads_without_training", "enum_weight_grads",
 };
 
 static void test_golden_errors(void) {
@@ -1019,6 +1020,16 @@ static void test_examples(void) {
                strstr(out, "tile 128x256x64, 3 stages, wgmma + TMA, persistent grid, 2 consumer warpgroups") &&
                !strstr(out, "0x0 warps"),
            "%s", out ? out : "");
+    CHECKF(out && strstr(out, "weight gradients fp32;"), "the fp32 weight gradients named: %s", out ? out : "");
+    free(out);
+    free(e);
+    /* weight_grads = "dtype": the wgrads named for their output, half the staging (128 x 128 x 2 bytes less) */
+    rc = run_moegen("plan tests/specs/train_softmax_hgrad.moe", &out, &e);
+    CHECKF(rc == 0 && out && strstr(out, "weight gradients bf16, weight_grads = \"dtype\";") &&
+               strstr(out, "train_softmax_hgrad_wgrad_up_bf16_sm90a_tma_persist_m128n256k64s3c2g8_gbf16 threads  384"
+                           "  smem 180272") &&
+               strstr(out, "train_softmax_hgrad_dgrad_up_bf16_sm90a_tma_m128n256k64s4c2g8 "),
+           "exit %d: %s%s", rc, out ? out : "", e ? e : "");
     free(out);
     free(e);
     rc = run_moegen("plan examples/specs/mixtral-8x7b.moe", &out, &e);
