@@ -53,7 +53,7 @@ class Plan:
             raise err
         self._handle = handle
         self.device = device
-        info = _lib.PlanInfo()
+        info = _lib.PlanInfo(struct_size=ctypes.sizeof(_lib.PlanInfo))  # every field mirrored, not moe.h's first layout
         st = lib.moe_plan_get_info(handle, ctypes.byref(info))
         if st != 0:
             raise _lib.fail(lib, st, "moe_plan_get_info")

@@ -660,6 +660,9 @@ def check_training(name, keys, recompute_u=False):
     moe = MoE(keys, device="cuda", recompute_u=recompute_u)
     report(moe.trains and moe.w1p.requires_grad and (moe.router_bias is None or not moe.router_bias.requires_grad),
            "%s: a training plan's parameters require grad (router_bias not)" % tag)
+    wgb = 2 if keys.get("weight_grads") == "dtype" else 4   # the info's later fields reach Python (struct_size)
+    report(moe.plan.info.weight_grad_bytes == wgb, "%s: plan.info.weight_grad_bytes %d (want %d)" % (
+        tag, moe.plan.info.weight_grad_bytes, wgb))
     w = weights(keys)
     moe.load_plain(**w)
     T, H = min(keys["tokens"], 97), keys["hidden"]
@@ -678,7 +681,8 @@ def check_training(name, keys, recompute_u=False):
         y.backward(dy)
         torch.cuda.synchronize()
         got = {"x": xg.grad, "router_w": moe.router_w.grad}
-        w1 = moe.unpack_grad(moe.w1p.grad.float().contiguous())
+        g1 = moe.w1p.grad.contiguous()   # unpack_grad takes the plan's weight-gradient type
+        w1 = moe.unpack_grad(g1 if moe.plan.info.weight_grad_bytes == 2 else g1.float()).float()
         got.update(joined_grads(moe, keys, w1, moe.w2.grad.float()))
         if moe.b1p is not None:
             got["b1"] = moe.unpack_grad(moe.b1p.grad.float().contiguous(), "b1p")[:keys["experts"]]
