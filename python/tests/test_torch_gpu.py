@@ -997,6 +997,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--iters", type=int, default=50, help="calls per overhead timing (the GPU queue must hold them)")
     ap.add_argument("--python-ops", action="store_true", help="test the Python ops ($MOEGEN_TORCH_LIBRARY=none)")
+    ap.add_argument("--training", metavar="NAME", help="only the training check of TRAIN_SPECS[NAME]")
     opt = ap.parse_args()
     if not torch.cuda.is_available():
         print("test_torch_gpu: 0 passed, 0 failed, 1 skipped (no CUDA device)")
@@ -1005,6 +1006,14 @@ def main():
     print("moegen %s (%s), torch %s, %s, the %s ops" % (
         moegen.__version__, moegen.library().path, torch.__version__, torch.cuda.get_device_name(),
         "C++" if moegen.torch.NATIVE else "Python"))
+    if opt.training:   # one training spec's check alone (a short GPU call)
+        try:
+            check_training(opt.training, TRAIN_SPECS[opt.training])
+        except Exception as e:
+            traceback.print_exc()
+            report(False, "%s: %s: %s" % (opt.training, type(e).__name__, e))
+        print("test_torch_gpu: %d passed, %d failed" % (passed, failed))
+        return 1 if failed else 0
     layers = {}
     for name, keys in SPECS.items():
         try:
