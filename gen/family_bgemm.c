@@ -56,8 +56,8 @@ static int geometry(moe_kernel_desc_t *k, const moe_family_ctx_t *c, char *err, 
  * so those keep the tile grid. dgrad_up with 64-row blocks runs the
  * ping-pong too (on the tile grid a 64-row CTA has one consumer warpgroup,
  * and 160 KB of ring keeps it alone on its SM): run 61 (H200) measured
- * Mixtral's 3.14 -> 3.00 ms. The wgrads (128 x 256 tiles of the fp32
- * gradient) run on a persistent grid with 3 stages, their output tile
+ * Mixtral's 3.14 -> 3.00 ms. The wgrads (128 x 256 tiles of the fp32, or
+ * with spec weight_grads = "dtype" the 2-byte, gradient) run on a persistent grid with 3 stages, their output tile
  * staged in shared memory half a tile at a time and stored by TMA, the
  * second half under the next tile's main loop (templates/gemm_sm90.lua,
  * M.wgrad; the launcher flattens their 3D grid onto the SMs): run 56 (H100)

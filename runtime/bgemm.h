@@ -26,6 +26,8 @@
  *                       dU  [rows, 2F]      xs  [rows, H]           dw1p [slots, 2F, H] fp32, packed rows
  *   WGRAD_DOWN  dW2[slot]  = beta*dW2[slot]  + a_gᵀ . b_g
  *                       dys [rows, H]       A = hbuf [rows, F]      dw2  [slots, H, F] fp32
+ *   (the wgrads' out in the dtype with spec weight_grads = "dtype": the fp32 sum rounded once, beta 1 the old
+ *   value plus it, rounded)
  *
  * The dgrads walk the tile table (each entry's slot is the weight slot, as
  * in the forward). The wgrads walk g = 0 .. slots-1 (the routed experts,
@@ -46,8 +48,8 @@
 typedef enum {
     MOE_BGEMM_DGRAD_DOWN = 0, /* dU [rows, 2F] = act'(Ur) . (dys . W2[e]) */
     MOE_BGEMM_DGRAD_UP,       /* dXs [rows, H] = dU . W1p[e] */
-    MOE_BGEMM_WGRAD_UP,       /* dW1p[e] (+)= dU_eᵀ . xs_e, fp32 */
-    MOE_BGEMM_WGRAD_DOWN,     /* dW2[e] (+)= dys_eᵀ . A_e, fp32 */
+    MOE_BGEMM_WGRAD_UP,       /* dW1p[e] (+)= dU_eᵀ . xs_e, fp32 (or the dtype: spec weight_grads) */
+    MOE_BGEMM_WGRAD_DOWN,     /* dW2[e] (+)= dys_eᵀ . A_e, as dW1p */
     MOE_BGEMM_KINDS
 } moe_bgemm_kind;
 

@@ -1666,7 +1666,8 @@ ${ARCH_GUARD}
 @ end
 @
 @ -- The backward's wgrads (runtime/bgemm.h), p.kind = "wgrad_up" or
-@ -- "wgrad_down": dW[slot_of[g]] [M, N] (+)= A_gᵀ . B_g, fp32, K = slot g's
+@ -- "wgrad_down": dW[slot_of[g]] [M, N] (+)= A_gᵀ . B_g, fp32 or the dtype
+@ -- (p.grad_dtype: the fp32 sum rounded once, staged as 2-byte pairs), K = slot g's
 @ -- rows (offsets[g], counts[g], read on the device). A [rows, M] and B
 @ -- [rows, N] are both M/N-major along the rows: tensor maps over the rows
 @ -- with boxes of 64 columns x bk rows (moe_wgrad_mn, runtime/launch.c),
@@ -1676,7 +1677,7 @@ ${ARCH_GUARD}
 @ -- rows each), the producer loading the next tile's k tiles into the ring
 @ -- while they store this one. Rows of the last k tile past the slot's rows
 @ -- are zeroed in shared memory before its wgmma, so pad rows never
-@ -- contribute; columns past M or N arrive as zeros. The fp32 tile leaves
+@ -- contribute; columns past M or N arrive as zeros. The output tile leaves
 @ -- through shared memory in two passes of BN / 2 columns, each stored by
 @ -- TMA (out_map: a 3D tensor map over [slots][M][N], which clips rows past
 @ -- M and columns past N) as one bulk group: beta 0 writes, beta 1 adds
