@@ -16,8 +16,9 @@
 #   fp8      test_quant_gpu: the fp8 GEMMs, the quantizing scatter, the fp8 packs, the fp8 layer; moe_bench and
 #            compare_torch (against torch._scaled_grouped_mm) on examples/specs/fp8/ at 128, 4096, 16384 tokens
 #   house    test_runtime, the examples and the PyTorch op's GPU test
-#   backward moe_bench --backward (the spec with training = true) and compare_torch.py --backward
-#            (torch autograd of the eager layer) at 4096 and 16384 tokens
+#   backward moe_bench --backward (the spec with training = true, its weight gradients fp32 and then
+#            weight_grads = "dtype") and compare_torch.py --backward (torch autograd of the eager layer) at
+#            4096 and 16384 tokens
 #   route    issue #17 item 2: test_gpu's route, permute and combine checks on every case (the 16384-token
 #            and odd-shape cases included), then route/permute/combine each against its floor in moe_bench
 #            at 1, 2048 (route splits H up to 64 token blocks), 4096 and 16384 tokens for $ROUTE_SPECS
@@ -139,9 +140,12 @@ for what in "$@"; do
     backward)
         for s in mixtral-8x7b qwen3-30b-a3b deepseek-v3-ep8; do
             { cat examples/specs/$s.moe; echo "training = true"; } > "$OUT/train_$s.moe"
-            timeout 200 build/moe_bench "$OUT/train_$s.moe" --backward --tokens 4096 --tokens 16384 --iters 10 2>&1 |
-                tee -a "$OUT/backward.log" | grep -vE '^(plan|gemms)'
-            rm -f "$OUT/train_$s.moe"
+            { cat "$OUT/train_$s.moe"; echo 'weight_grads = "dtype"'; } > "$OUT/trainh_$s.moe"
+            for v in train trainh; do   # the weight gradients fp32, then in the dtype
+                timeout 200 build/moe_bench "$OUT/${v}_$s.moe" --backward --tokens 4096 --tokens 16384 --iters 10 \
+                    2>&1 | tee -a "$OUT/backward.log" | grep -vE '^(plan|gemms)'
+            done
+            rm -f "$OUT/train_$s.moe" "$OUT/trainh_$s.moe"
             timeout 150 python3 bench/compare_torch.py examples/specs/$s.moe --backward --tokens 4096 --tokens 16384 \
                 --iters 10 2>&1 | tee -a "$OUT/backward.log" | grep -E 'autograd|layer|ceilings|^compare'
         done
