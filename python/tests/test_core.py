@@ -222,7 +222,52 @@ class SpecDict(unittest.TestCase):
             self.assertEqual(v[0].gemm_up, plan.info.kernels[3])
             # no entry, no +pdl: launch overlap only where MOEGEN_PDL=on asks for it
             self.assertEqual(plan.pdl(1), 1 if plan.info.pdl == 1 else 0)
+            self.assertEqual(plan.info.weight_grad_bytes, 0)  # no training
+
             plan.close()
+
+
+class PlanInfoRead(unittest.TestCase):
+    def test_the_whole_struct_is_asked_for(self):
+        """Plan asks moe_plan_get_info for the whole moe_plan_info it mirrors (struct_size = its size): with 0 the
+        library writes moe.h's first layout only and the later fields (pdl, gather, weight_grad_bytes, ...) read as
+        zeros in Python. A stand-in library that fills what struct_size covers, as the real one does."""
+        real, seen = _lib.library(), []
+        first = ctypes.sizeof(ctypes.c_int) + _lib.PlanInfo.cudnn_version.offset  # moe.h's first layout
+
+        class Stand:
+            def __getattr__(self, name):
+                return getattr(real, name)
+
+            def moe_plan_create(self, handle, path, opts):
+                handle._obj.value = 1
+                return 0
+
+            def moe_plan_get_info(self, handle, info):
+                i = info._obj
+                seen.append(i.struct_size)
+                n = i.struct_size or first
+                for name, value in (("experts", 8), ("weight_grad_bytes", 2), ("pdl", 2)):
+                    if getattr(_lib.PlanInfo, name).offset < n:
+                        setattr(i, name, value)
+                return 0
+
+            def moe_plan_tensor(self, handle, name, rank, dims, dtype):
+                rank._obj.value = 0
+                return 0
+
+            def moe_plan_destroy(self, handle):
+                pass
+
+        saved = _lib.library
+        _lib.library = lambda: Stand()
+        try:
+            plan = moegen.Plan({"name": "t", "experts": 8, "top_k": 2, "hidden": 512, "ffn": 256, "tokens": 64})
+        finally:
+            _lib.library = saved
+        self.assertEqual(seen, [ctypes.sizeof(_lib.PlanInfo)])
+        self.assertEqual((plan.info.experts, plan.info.weight_grad_bytes, plan.info.pdl), (8, 2, 2))
+        plan.close()
 
 
 class PlanArguments(unittest.TestCase):
