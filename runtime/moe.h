@@ -406,7 +406,8 @@ typedef struct {
  * the buffers hold (accumulate = 1: gradient accumulation); a slot no token
  * chose gets zeros, or is left as it was. dw1p and dw2 are summed in fp32
  * either way; in the dtype they are the sum rounded once (accumulate = 1:
- * the old value plus the sum, rounded). The routing choice is a constant
+ * the old value plus that, rounded again; on sm_80 the old value plus the
+ * unrounded sum, rounded once). The routing choice is a constant
  * (no gradient through the top-k selection; router.bias gets none).
  * router_x and router_expert_scale are the training forward's (spec
  * router.input = "separate", router.expert_scale; else ignored). */
