@@ -536,10 +536,17 @@ static int bench_backward(const moe_plan *plan, const moe_forward_args *base, co
                    gemm_tf > 0 ? tf / gemm_tf : 0);
         }
         /* where the backward's time goes: each stage's median (events between stages) */
-        printf("%-7s %-12s %9s %9s   (stage ms, recompute_u 0 / 1; a GEMM's share of FLOPs is a quarter)\n", "", "stage",
-               "ms", "ms");
-        for (int k = 0; k < MOE_BWD_STAGES; k++)
-            printf("%-7d %-12s %9.4f %9.4f\n", T, moe_bwd_stage_names[k], stage_ms[0][k], stage_ms[1][k]);
+        printf("%-7s %-12s %9s %9s %9s   (stage ms, recompute_u 0 / 1; a GEMM's TFLOP/s at recompute_u 0)\n", "",
+               "stage", "ms", "ms", "TF/s");
+        const double rows = (double)T * moe_spec_entries(sp), gemm_flop = 2.0 * rows * H * F; /* a down-sized GEMM */
+        for (int k = 0; k < MOE_BWD_STAGES; k++) {
+            /* stages 2 .. 5: dgrad_down (H·F), dgrad_up (2F·H), wgrad_up (2F·H), wgrad_down (H·F) per row */
+            const double f = k == 2 || k == 5 ? gemm_flop : k == 3 || k == 4 ? 2 * gemm_flop : 0;
+            printf("%-7d %-12s %9.4f %9.4f", T, moe_bwd_stage_names[k], stage_ms[0][k], stage_ms[1][k]);
+            if (f > 0 && stage_ms[0][k] > 0)
+                printf(" %9.1f", f / (stage_ms[0][k] * 1e-3) / 1e12);
+            printf("\n");
+        }
     }
     CUdeviceptr all[] = {saved, bws, dy, dx, drw, dlb, dw1, db1, dw2, db2, dsg};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++)
