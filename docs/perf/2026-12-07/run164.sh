@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run 164 (written at the end of the twenty-eighth session; the call to make first next session, ~420 s):
-# r164 = main e2c1d89 (weight_grads with the bindings and the Python info fix, the fp8 one-token route merged).
+# r164 = main 960bcb4 (weight_grads with the bindings and the Python info fix, the fp8 one-token route merged).
 #   py/  the C++ torch op built here and test_torch_gpu.py whole (train_hgrad among its training specs), beside
 #   t/   test_bwd_gpu whole (cases, examples, fsdp, ep), cut at 220 s; then
 #   b/   Mixtral's backward fp32 / dtype at 4096 and 16384 tokens and compare_torch.py --backward (torch autograd:
