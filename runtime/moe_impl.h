@@ -21,6 +21,7 @@ struct moe_plan {
     moe_launcher_t launcher; /* the kernels as launch.h launches them: arch, functions, SMs, slot table */
     int device;
     int cache_hit;
+    int ptx_jit;            /* MOEGEN_ARCH=sm_80 on a newer GPU: the sm_80 kernels, loaded as PTX the driver compiles */
     CUcontext ctx;
     CUmodule module;
     int *slot_host;         /* [E] the routing table's slot of each expert's weights */

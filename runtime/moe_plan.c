@@ -51,6 +51,19 @@ static moe_status open_device(moe_plan *p, const moe_options *o) {
     else
         return moe_fail(MOE_ERR_ARCH, "GPU %d has compute capability %d.%d; moegen builds kernels for sm_80 (8.x) and "
                         "sm_90a (9.0)", p->device, major, minor);
+    /* MOEGEN_ARCH=sm_80: the sm_80 kernels on a 9.0 GPU too (mma.sync and cp.async run there), compiled to
+     * compute_80 PTX that the driver compiles for the device, so the sm_80 path runs and is checked where no
+     * 8.x GPU is at hand; MOEGEN_ARCH=sm_90a: the default on a 9.0 GPU */
+    const char *force = getenv("MOEGEN_ARCH");
+    if (force && *force) {
+        if (strcmp(force, "sm_80") == 0)
+            p->launcher.arch = MOE_ARCH_SM80, p->ptx_jit = major != 8;
+        else if (strcmp(force, "sm_90a") != 0)
+            return moe_fail(MOE_ERR_INVALID_ARG, "MOEGEN_ARCH=%s: expected sm_80 or sm_90a", force);
+        else if (p->launcher.arch != MOE_ARCH_SM90A)
+            return moe_fail(MOE_ERR_ARCH, "MOEGEN_ARCH=sm_90a: GPU %d has compute capability %d.%d; sm_90a needs 9.0",
+                            p->device, major, minor);
+    }
     int listed = 0;
     for (int i = 0; i < p->pd.spec.narch; i++)
         listed |= p->pd.spec.arch[i] == p->launcher.arch;
@@ -85,6 +98,29 @@ static moe_status load_kernel(moe_plan *p, const moe_kernel_desc_t *k, CUfunctio
             p->launcher.clusters = n;
     }
     return MOE_OK;
+}
+
+static moe_status load_module(moe_plan *p, const moe_buf_t *cubin);
+
+/* MOEGEN_ARCH=sm_80 on a newer GPU: the plan's source compiled here for
+ * sm_80 (no disk cache: the PTX is made and loaded in this process), its
+ * compute_80 PTX loaded, which the driver compiles for the device. */
+static moe_status load_ptx(moe_plan *p, const char *templates_dir) {
+    moe_buf_t src = {0}, cubin = {0}, ptx = {0};
+    moe_diag_t d;
+    char name[128];
+    snprintf(name, sizeof name, "%s.cu", p->pd.spec.name);
+    moe_status s = MOE_OK;
+    if (moe_emit_source(&p->pd, templates_dir, &src, &d) ||
+        moe_nvrtc_compile(src.data, name, MOE_ARCH_SM80, &cubin, &ptx, NULL, &d))
+        s = moe_fail(MOE_ERR_COMPILE, "%s", d.msg);
+    else /* moe_buf_t keeps its text NUL-terminated, as the driver reads PTX */
+        s = !ptx.len || ptx.failed ? moe_fail(MOE_ERR_COMPILE, "MOEGEN_ARCH=sm_80: NVRTC gave no PTX for %s", name)
+                                   : load_module(p, &ptx);
+    moe_buf_free(&src);
+    moe_buf_free(&cubin);
+    moe_buf_free(&ptx);
+    return s;
 }
 
 static moe_status load_module(moe_plan *p, const moe_buf_t *cubin) {
@@ -349,7 +385,9 @@ static moe_status plan_create(moe_plan **out, const char *spec_path, const char 
         s = open_device(p, o);
     if (s == MOE_OK)
         s = connect_mesh(p, o);
-    if (s == MOE_OK) {
+    if (s == MOE_OK && p->ptx_jit)
+        s = load_ptx(p, o ? o->templates_dir : NULL);
+    else if (s == MOE_OK) {
         moe_buf_t cubin = {0};
         moe_diag_t d;
         if (moe_cache_cubin(&p->pd, o ? o->templates_dir : NULL, p->launcher.arch, o ? o->cache_dir : NULL, &cubin,
@@ -582,6 +620,9 @@ moe_status moe_plan_create_from_dir(moe_plan **out, const char *dir, const moe_o
         s = open_device(p, o);
     if (s == MOE_OK)
         s = connect_mesh(p, o);
+    if (s == MOE_OK && p->ptx_jit)
+        s = moe_fail(MOE_ERR_ARCH, "%s: MOEGEN_ARCH=sm_80 on a GPU newer than 8.x compiles the sm_80 kernels from "
+                     "the spec (moe_plan_create); a compiled folder's sm_80 cubin does not run there", dir);
     for (int a = 0; a < p->pd.spec.narch && s == MOE_OK; a++)
         if (p->pd.spec.arch[a] == p->launcher.arch) /* open_device refused an arch the spec does not list */
             s = load_module(p, &cubins[a]);
