@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Run 164 (written at the end of the twenty-eighth session; the call to make first next session, ~420 s):
-# r164 = main 960bcb4 (weight_grads with the bindings and the Python info fix, the fp8 one-token route merged).
+# r164 = main a30bcc0 (weight_grads with the bindings and the Python info fix, the fp8 one-token route merged).
 #   py/  the C++ torch op built here and test_torch_gpu.py whole (train_hgrad among its training specs), beside
-#   t/   test_bwd_gpu whole (cases, examples, fsdp, ep), cut at 220 s; then
+#   t/   test_bwd_gpu whole (cases, examples, fsdp, ep), cut at 170 s; then the sm_80 kernel set on this GPU
+#        (MOEGEN_ARCH=sm_80, never run on a GPU before): test_gpu <= 64 tokens and test_bwd_gpu's train_softmax and
+#        hgrad cases, 60 s each (a failure there may be a test that assumes sm_90a's kernels: read it); then
 #   b/   Mixtral's backward fp32 / dtype at 4096 and 16384 tokens and compare_torch.py --backward (torch autograd:
 #        the peer run 160 did not reach), and on an H200 the same for Qwen3 (the issues' card).
 # Carry ["build/r164"].
@@ -20,8 +22,15 @@ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader >
   MOEGEN_TORCH_LIBRARY=/tmp/top/libmoegen_torch.so MOEGEN_LIBRARY=$PWD/build/libmoegen.so timeout 200 \
       python3 python/tests/test_torch_gpu.py > "$OUT/py/test_torch_gpu.log" 2>&1
   echo "test_torch_gpu: exit $? ($SECONDS s)" >> "$OUT/py/rc.txt"; } &
-timeout 220 stdbuf -oL -eL build/r164/test_bwd_gpu > "$OUT/t/test_bwd_gpu.log" 2>&1
+timeout 170 stdbuf -oL -eL build/r164/test_bwd_gpu > "$OUT/t/test_bwd_gpu.log" 2>&1
 echo "test_bwd_gpu: exit $? ($SECONDS s)" >> "$OUT/t/rc.txt"
+# the sm_80 kernel set on this 9.0 GPU (MOEGEN_ARCH=sm_80: compute_80 PTX the driver compiles), never run before
+MOEGEN_ARCH=sm_80 MOEGEN_CUDNN=off timeout 60 stdbuf -oL -eL build/r164/test_gpu --tokens-max 64 qwen3-30b mixtral \
+    gpt-oss-20b > "$OUT/t/test_gpu_sm80.log" 2>&1
+echo "test_gpu sm_80 (<= 64 tokens): exit $? ($SECONDS s)" >> "$OUT/t/rc.txt"
+MOEGEN_ARCH=sm_80 MOEGEN_CUDNN=off timeout 60 stdbuf -oL -eL build/r164/test_bwd_gpu train_softmax.moe hgrad \
+    > "$OUT/t/test_bwd_gpu_sm80.log" 2>&1
+echo "test_bwd_gpu sm_80: exit $? ($SECONDS s)" >> "$OUT/t/rc.txt"
 wait
 specs=mixtral-8x7b
 nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 && specs="mixtral-8x7b qwen3-30b-a3b"
@@ -40,7 +49,7 @@ for s in $specs; do
         --iters 10 >> "$OUT/b/backward.log" 2>&1
 done
 cat "$OUT/gpu.txt" "$OUT/t/rc.txt" "$OUT/py/rc.txt"
-tail -1 "$OUT/t/test_bwd_gpu.log"; grep -m5 FAIL "$OUT/t/test_bwd_gpu.log"
+for f in "$OUT"/t/test_*.log; do echo "$f: $(tail -1 "$f")"; grep -m5 FAIL "$f"; done
 tail -1 "$OUT/py/test_torch_gpu.log"; grep -m8 FAIL "$OUT/py/test_torch_gpu.log"
 grep -E "^== |^(4096|16384) +[01] |autograd (fwd|bwd)" "$OUT/b/backward.log"
 cd "$OUT" && tar czf run164.tgz --remove-files py t b
