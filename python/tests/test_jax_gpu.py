@@ -88,6 +88,10 @@ TRAIN_SPECS = {
     "train_shared": dict(name="train_shared", experts=8, top_k=2, hidden=256, ffn=128, tokens=128,
                          router=dict(score="softmax", renormalize=False), shared=dict(ffn=256, gate="sigmoid"),
                          training=True),
+    # the weight gradients in the dtype (weight_grads = "dtype": the handler's dw1p, dw2 results are bf16)
+    "train_hgrad": dict(name="train_hgrad", experts=8, top_k=2, hidden=512, ffn=256, tokens=256,
+                        router=dict(score="softmax", renormalize=True), ffn_bias=True, training=True,
+                        weight_grads="dtype"),
 }
 TOL_GRAD = 2.5e-2
 
@@ -394,6 +398,8 @@ def check_training(name, keys, dev, recompute_u=False):
     tag = "%s%s" % (name, ", recompute_u" if recompute_u else "")
     plan = moegen.Plan(keys, device=dev.id)
     report(mj.bind(plan).training, "%s: the binding trains" % tag)
+    report(mj.bind(plan).wgrad_half == (keys.get("weight_grads") == "dtype"),
+           "%s: the binding's weight gradients are %s" % (tag, "the dtype" if mj.bind(plan).wgrad_half else "fp32"))
     w = weights(keys)
     put = lambda a: None if a is None else jax.device_put(a, dev)
     packed = mj.pack_plain(plan, w1=put(w["w1"]), w2=put(w["w2"]), b1=put(w.get("b1")), b2=put(w.get("b2")),

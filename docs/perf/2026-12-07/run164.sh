@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run 164 (written at the end of the twenty-eighth session; the call to make first next session, ~420 s):
 # r164 = main a30bcc0 (weight_grads with the bindings and the Python info fix, the fp8 one-token route merged).
-#   py/  the C++ torch op built here and test_torch_gpu.py whole (train_hgrad among its training specs), beside
+#   py/  the C++ torch op built here and test_torch_gpu.py whole (train_hgrad among its training specs), the JAX
+#        handler built (python/build_jax.py) and test_jax_gpu.py (its train_hgrad too), beside
 #   t/   test_bwd_gpu whole (cases, examples, fsdp, ep), cut at 170 s; then the sm_80 kernel set on this GPU
 #        (MOEGEN_ARCH=sm_80, never run on a GPU before): test_gpu <= 64 tokens and test_bwd_gpu's train_softmax and
 #        hgrad cases, 60 s each (a failure there may be a test that assumes sm_90a's kernels: read it); then
@@ -22,6 +23,11 @@ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader >
   MOEGEN_TORCH_LIBRARY=/tmp/top/libmoegen_torch.so MOEGEN_LIBRARY=$PWD/build/libmoegen.so timeout 200 \
       python3 python/tests/test_torch_gpu.py > "$OUT/py/test_torch_gpu.log" 2>&1
   echo "test_torch_gpu: exit $? ($SECONDS s)" >> "$OUT/py/rc.txt"; } &
+{ timeout 90 python3 python/build_jax.py > "$OUT/py/build_jax.log" 2>&1
+  echo "build_jax: exit $? ($SECONDS s)" >> "$OUT/py/rc.txt"
+  MOEGEN_LIBRARY=$PWD/build/libmoegen.so timeout 200 python3 python/tests/test_jax_gpu.py \
+      > "$OUT/py/test_jax_gpu.log" 2>&1
+  echo "test_jax_gpu: exit $? ($SECONDS s)" >> "$OUT/py/rc.txt"; } &
 timeout 170 stdbuf -oL -eL build/r164/test_bwd_gpu > "$OUT/t/test_bwd_gpu.log" 2>&1
 echo "test_bwd_gpu: exit $? ($SECONDS s)" >> "$OUT/t/rc.txt"
 # the sm_80 kernel set on this 9.0 GPU (MOEGEN_ARCH=sm_80: compute_80 PTX the driver compiles), never run before
@@ -51,5 +57,6 @@ done
 cat "$OUT/gpu.txt" "$OUT/t/rc.txt" "$OUT/py/rc.txt"
 for f in "$OUT"/t/test_*.log; do echo "$f: $(tail -1 "$f")"; grep -m5 FAIL "$f"; done
 tail -1 "$OUT/py/test_torch_gpu.log"; grep -m8 FAIL "$OUT/py/test_torch_gpu.log"
+tail -1 "$OUT/py/test_jax_gpu.log"; grep -m8 -E "FAIL|hgrad" "$OUT/py/test_jax_gpu.log"
 grep -E "^== |^(4096|16384) +[01] |autograd (fwd|bwd)" "$OUT/b/backward.log"
 cd "$OUT" && tar czf run164.tgz --remove-files py t b
