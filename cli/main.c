@@ -398,9 +398,10 @@ static int cmd_plan(const args_t *a) {
         }
         const moe_kernel_desc_t *bg = moe_plan_bgemm(&plan, MOE_ARCH_SM90A);
         if (bg) {
+            const int half = moe_wgrad_elem_bytes(&plan.spec) == 2; /* spec weight_grads = "dtype" */
             printf("backward GEMMs (training = true; weight gradients %s%s; sm_90a; sm_80's are mma.sync ones, see "
-                   "manifest.json):\n", moe_wgrad_elem_bytes(&plan.spec) == 2 ? moe_dtype_name(plan.spec.dtype) : "fp32",
-                   moe_wgrad_elem_bytes(&plan.spec) == 2 ? ", weight_grads = \"dtype\"" : "");
+                   "manifest.json):\n", half ? moe_dtype_name(plan.spec.dtype) : "fp32",
+                   half ? ", weight_grads = \"dtype\"" : "");
             for (int i = 0; i < MOE_BGEMM_COUNT; i++) {
                 printf("  %-58s threads %4d  smem %6d", bg[i].name, bg[i].threads, bg[i].smem);
                 print_gemm_tile(&bg[i]);

@@ -100,29 +100,6 @@ static moe_status load_kernel(moe_plan *p, const moe_kernel_desc_t *k, CUfunctio
     return MOE_OK;
 }
 
-static moe_status load_module(moe_plan *p, const moe_buf_t *cubin);
-
-/* MOEGEN_ARCH=sm_80 on a newer GPU: the plan's source compiled here for
- * sm_80 (no disk cache: the PTX is made and loaded in this process), its
- * compute_80 PTX loaded, which the driver compiles for the device. */
-static moe_status load_ptx(moe_plan *p, const char *templates_dir) {
-    moe_buf_t src = {0}, cubin = {0}, ptx = {0};
-    moe_diag_t d;
-    char name[128];
-    snprintf(name, sizeof name, "%s.cu", p->pd.spec.name);
-    moe_status s = MOE_OK;
-    if (moe_emit_source(&p->pd, templates_dir, &src, &d) ||
-        moe_nvrtc_compile(src.data, name, MOE_ARCH_SM80, &cubin, &ptx, NULL, &d))
-        s = moe_fail(MOE_ERR_COMPILE, "%s", d.msg);
-    else /* moe_buf_t keeps its text NUL-terminated, as the driver reads PTX */
-        s = !ptx.len || ptx.failed ? moe_fail(MOE_ERR_COMPILE, "MOEGEN_ARCH=sm_80: NVRTC gave no PTX for %s", name)
-                                   : load_module(p, &ptx);
-    moe_buf_free(&src);
-    moe_buf_free(&cubin);
-    moe_buf_free(&ptx);
-    return s;
-}
-
 static moe_status load_module(moe_plan *p, const moe_buf_t *cubin) {
     size_t tbytes = sizeof(int) * (size_t)moe_spec_slots(&p->pd.spec);
     CU_CHECK(moe_cu.cuMemAlloc(&p->launcher.slot_table, tbytes));
@@ -194,6 +171,27 @@ static moe_status load_module(moe_plan *p, const moe_buf_t *cubin) {
                                                l->bgemm[i].smem));
     }
     return moe_ep_load(p->ep);
+}
+
+/* MOEGEN_ARCH=sm_80 on a newer GPU: the plan's source compiled here for
+ * sm_80 (no disk cache: the PTX is made and loaded in this process), its
+ * compute_80 PTX loaded, which the driver compiles for the device. */
+static moe_status load_ptx(moe_plan *p, const char *templates_dir) {
+    moe_buf_t src = {0}, cubin = {0}, ptx = {0};
+    moe_diag_t d;
+    char name[128];
+    snprintf(name, sizeof name, "%s.cu", p->pd.spec.name);
+    moe_status s = MOE_OK;
+    if (moe_emit_source(&p->pd, templates_dir, &src, &d) ||
+        moe_nvrtc_compile(src.data, name, MOE_ARCH_SM80, &cubin, &ptx, NULL, &d))
+        s = moe_fail(MOE_ERR_COMPILE, "%s", d.msg);
+    else /* moe_buf_t keeps its text NUL-terminated, as the driver reads PTX */
+        s = !ptx.len || ptx.failed ? moe_fail(MOE_ERR_COMPILE, "MOEGEN_ARCH=sm_80: NVRTC gave no PTX for %s", name)
+                                   : load_module(p, &ptx);
+    moe_buf_free(&src);
+    moe_buf_free(&cubin);
+    moe_buf_free(&ptx);
+    return s;
 }
 
 /* Whether variant v's calls launch as programmatic dependents: MOEGEN_PDL's on / off, else (auto) the variant's

@@ -230,6 +230,11 @@ static int down_f(const layer_t *L, size_t eb, float *out, CUdeviceptr d, size_t
     return ok;
 }
 
+/* v as an element of eb bytes holds it (2: rounded to L's dtype). */
+static float as_elem(const layer_t *L, size_t eb, float v) {
+    return eb == 4 ? v : moe_half_to_float(moe_float_to_half(v, L->s.dtype), L->s.dtype);
+}
+
 /* n floats to d as elements of eb bytes (2: rounded to L's dtype). */
 static int up_f(const layer_t *L, size_t eb, CUdeviceptr d, const float *in, size_t n) {
     if (eb == 4)
@@ -822,7 +827,7 @@ static void run_tokens(layer_t *L, const bwd_case_t *c, int T, uint64_t *rng, co
             prior[i] = malloc(4 * gr[i].n);
             good = first[i] && prior[i] && down_f(L, gr[i].eb, first[i], gr[i].d, gr[i].n);
             for (size_t j = 0; good && j < gr[i].n; j++) /* what the buffer will hold: rounded as its elements */
-                prior[i][j] = gr[i].eb == 4 ? unif(rng) : moe_half_to_float(moe_float_to_half(unif(rng), dt), dt);
+                prior[i][j] = as_elem(L, gr[i].eb, unif(rng));
             good = good && up_f(L, gr[i].eb, gr[i].d, prior[i], gr[i].n);
         }
         moe_backward_args ba = bwd_args(L, T, c->recompute, 1);
@@ -1056,7 +1061,7 @@ static void run_fsdp_mesh(const char *spec, const char *mesh, const int *tokens,
                 uint64_t prng = seed ^ (0xacc + (uint64_t)i);
                 good = (prior[i] = malloc(4 * cnt)) != NULL;
                 for (size_t k = 0; good && k < cnt; k++) /* rounded as the buffer's elements */
-                    prior[i][k] = eb[i] == 4 ? unif(&prng) : moe_half_to_float(moe_float_to_half(unif(&prng), dt), dt);
+                    prior[i][k] = as_elem(&L[r], eb[i], unif(&prng));
                 good = good && up_f(&L[r], eb[i], outs[i], prior[i], cnt);
             }
             ga.accumulate = 1;

@@ -183,7 +183,7 @@ def bind(plan):
                     lambda t, r: lib.moe_plan_saved_size(handle, t, r),
                     lambda t, r: lib.moe_plan_backward_workspace_size(handle, t, r),
                     lambda t: lib.moe_plan_train_workspace_size(handle, t))
-        b.wgrad_half = getattr(plan.info, "weight_grad_bytes", 4) == 2  # spec weight_grads = "dtype"
+        b.wgrad_half = plan.info.weight_grad_bytes == 2  # spec weight_grads = "dtype"
         _bound[b.id] = plan
         plan._jax_binding = b
         plan.on_close(lambda: unbind(plan))

@@ -67,7 +67,7 @@ class _Entry:
         self.expect = {n: (torch.Size(t[0]), _DTYPES[t[1]]) if t else None for n, t in plan.tensors.items()}
         self.dtype = self.expect["x"][1]
         # moe_backward's dw1p and dw2: fp32, or the dtype (spec weight_grads = "dtype")
-        self.wgrad_dtype = self.dtype if getattr(plan.info, "weight_grad_bytes", 4) == 2 else torch.float32
+        self.wgrad_dtype = self.dtype if plan.info.weight_grad_bytes == 2 else torch.float32
         # the fast path's expectations, in the op's argument order: (shape, dtype) or None
         self.want = tuple(self.expect[n] for n in ORDER)
         self.ws = {}  # tokens -> workspace bytes
@@ -828,7 +828,7 @@ class MoE(torch.nn.Module):
             raise ValueError("moegen: unpack_grad takes the gradient of w1p or b1p (of a spec that has it), not %r"
                              % (name,))
         dt = torch.float32
-        if name == "w1p" and getattr(self.plan.info, "weight_grad_bytes", 4) == 2:
+        if name == "w1p" and self.plan.info.weight_grad_bytes == 2:
             dt = p.dtype  # spec weight_grads = "dtype"
         if not isinstance(g, torch.Tensor) or g.dtype != dt or g.shape != p.shape or \
                 g.device != p.device or not g.is_contiguous():
