@@ -70,7 +70,10 @@
  * ratio to the forward and its GEMM
  * TFLOP/s (twice the forward's GEMM FLOPs) against the dense rate, then the
  * median of each backward stage (moe_backward_timed: recomputed U, dys, the
- * four grouped GEMMs, bias gradients, the router's step). */
+ * four grouped GEMMs, bias gradients, the router's step), each GEMM's
+ * TFLOP/s and its floor (FLOPs at the dense rate or its bytes once at the
+ * copy bandwidth: operands, weights and the weight gradient written in the
+ * plan's type, fp32 or the dtype), and its time over that floor. */
 #define _POSIX_C_SOURCE 200809L
 #include "driver.h"
 #include "moe.h"
@@ -468,7 +471,8 @@ out:
  * with recompute_u 0 and 1; FLOPs of the backward's GEMMs are twice the
  * forward's (dgrad and wgrad of each projection). Returns the exit status. */
 static int bench_backward(const moe_plan *plan, const moe_forward_args *base, const int *tokens, int ntok,
-                          CUstream st, CUevent ea, CUevent eb, const flush_t *fl, int iters, double gemm_tf) {
+                          CUstream st, CUevent ea, CUevent eb, const flush_t *fl, int iters, double gemm_tf,
+                          double copy_gbs) {
     const moe_spec_t *sp = &moe_plan_desc(plan)->spec;
     const moe_dtype_t dt = sp->dtype;
     const size_t E = sp->experts, H = sp->hidden, F = sp->ffn, Tmax = sp->tokens, S = (size_t)moe_spec_slots(sp);
@@ -535,16 +539,32 @@ static int bench_backward(const moe_plan *plan, const moe_forward_args *base, co
             printf("%-7d %-9d %9.4f %9.4f %9.4f %9.2f %9.1f %9.2f\n", T, rc, ms[0], ms[1], ms[2], ms[2] / ms[0], tf,
                    gemm_tf > 0 ? tf / gemm_tf : 0);
         }
-        /* where the backward's time goes: each stage's median (events between stages) */
-        printf("%-7s %-12s %9s %9s %9s   (stage ms, recompute_u 0 / 1; a GEMM's TFLOP/s at recompute_u 0)\n", "",
-               "stage", "ms", "ms", "TF/s");
+        /* where the backward's time goes: each stage's median (events between stages), and each GEMM's floor:
+         * its FLOPs at the dense rate or its bytes once at the copy bandwidth, whichever is longer (every slot's
+         * weights taken as touched; a wgrad writes its gradient in the plan's type, so fp32 gradients can make
+         * it bound by the write) */
+        printf("%-7s %-12s %9s %9s %9s %9s %7s   (stage ms, recompute_u 0 / 1; a GEMM's TFLOP/s and floor at "
+               "recompute_u 0)\n", "", "stage", "ms", "ms", "TF/s", "floor ms", "x floor");
         const double rows = (double)T * moe_spec_entries(sp), gemm_flop = 2.0 * rows * H * F; /* a down-sized GEMM */
+        moe_plan_info info = MOE_PLAN_INFO_INIT;
+        const double w = (double)S * H * F,
+                     gb = moe_plan_get_info(plan, &info) == MOE_OK ? (double)info.weight_grad_bytes : 4;
+        /* stages 2 .. 5: dgrad_down reads dY rows, W2, U and writes dU; dgrad_up reads dU, W1 and writes dX rows;
+         * wgrad_up reads dU and the x rows and writes dW1; wgrad_down reads dY rows and A and writes dW2 */
+        const double gemm_bytes[MOE_BWD_STAGES] = {[2] = 2 * (rows * H + w + 4 * rows * F),
+                                                   [3] = 2 * (2 * rows * F + 2 * w + rows * H),
+                                                   [4] = 2 * (2 * rows * F + rows * H) + gb * 2 * w,
+                                                   [5] = 2 * (rows * H + rows * F) + gb * w};
         for (int k = 0; k < MOE_BWD_STAGES; k++) {
             /* stages 2 .. 5: dgrad_down (H·F), dgrad_up (2F·H), wgrad_up (2F·H), wgrad_down (H·F) per row */
             const double f = k == 2 || k == 5 ? gemm_flop : k == 3 || k == 4 ? 2 * gemm_flop : 0;
             printf("%-7d %-12s %9.4f %9.4f", T, moe_bwd_stage_names[k], stage_ms[0][k], stage_ms[1][k]);
-            if (f > 0 && stage_ms[0][k] > 0)
-                printf(" %9.1f", f / (stage_ms[0][k] * 1e-3) / 1e12);
+            if (f > 0 && stage_ms[0][k] > 0) {
+                const double floor_ms = 1e3 * fmax(gemm_tf > 0 ? f / (gemm_tf * 1e12) : 0,
+                                                   copy_gbs > 0 ? gemm_bytes[k] / (copy_gbs * 1e9) : 0);
+                printf(" %9.1f %9.4f %7.2f", f / (stage_ms[0][k] * 1e-3) / 1e12, floor_ms,
+                       floor_ms > 0 ? stage_ms[0][k] / floor_ms : 0);
+            }
             printf("\n");
         }
     }
@@ -749,7 +769,7 @@ int main(int argc, char **argv) {
                               .router_logit_bias = (float *)bias, .w1p = (void *)w1p, .b1p = (void *)b1p,
                               .w2 = (void *)w2, .b2 = (void *)b2, .y = (void *)y, .workspace = (void *)ws,
                               .shared_gate = (void *)wg};
-        int rc = bench_backward(plan, &a, tokens, ntok, st, ea, eb, &fl, iters, gemm_tf);
+        int rc = bench_backward(plan, &a, tokens, ntok, st, ea, eb, &fl, iters, gemm_tf, copy_gbs);
         for (int pi = 0; pi < nplans; pi++)
             moe_plan_destroy(plans[pi]);
         return rc;
