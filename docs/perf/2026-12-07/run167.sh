@@ -2,14 +2,14 @@
 # Run 167 (twenty-ninth session): run165.sh and run166.sh cut to one call of BUDGET s ($1, default 540) (the session's device time went
 # to refused starts; carry ["build/r167"], r167 = main 5c08b077: the runtime of 30cdd96, moe_bench with the backward GEMMs' floors).
 #   py/  the C++ torch op and test_torch_gpu.py whole, the JAX handler and test_jax_gpu.py (train_hgrad), beside
-#   t/   test_bwd_gpu whole (0.4 BUDGET), the sm_80 kernel set on this 9.0 GPU (MOEGEN_ARCH=sm_80; never run on a GPU
+#   t/   test_bwd_gpu whole (BUDGET / 3), the sm_80 kernel set on this 9.0 GPU (MOEGEN_ARCH=sm_80; never run on a GPU
 #        before): test_gpu <= 64 tokens and test_bwd_gpu train_softmax + hgrad, 45 s each; then
 #   s/   the backward with dtype gradients (moe_bench --backward) and torch autograd (compare_torch --backward) at
 #        4096 / 16384 tokens for Qwen3, Mixtral, the EP8 rank; moe_bench --graph at 1 .. 512 tokens for Qwen3 and
 #        Mixtral; compare_torch at 4096 / 16384 for Qwen3 and Mixtral.
 set -u
 BUDGET=${1:-540}   # seconds this call may take; the gates below scale with it
-P=$((BUDGET * 2 / 5)); T=$((BUDGET * 2 / 5))
+P=$((BUDGET / 3)); T=$((BUDGET / 3))
 mkdir -p "$OUT/py" "$OUT/t" "$OUT/s"
 export MOEGEN_CACHE_DIR=/tmp/moegen_cache NCCL_NVLS_ENABLE=0
 . bench/gpu_env.sh
@@ -44,7 +44,7 @@ for s in qwen3-30b-a3b mixtral-8x7b deepseek-v3-ep8; do
     { cat /tmp/train_$s.moe; echo 'weight_grads = "dtype"'; } > /tmp/trainh_$s.moe
     vs=trainh; [ $s = qwen3-30b-a3b ] && vs="train trainh"   # Qwen3's fp32 gradients: the write-bound case
     for v in $vs; do
-        [ $SECONDS -le $((BUDGET - 140)) ] || break 2
+        [ $SECONDS -le $((BUDGET - 110)) ] || break 2
         echo "== $v $s" >> "$OUT/s/backward.log"
         timeout 40 $B/moe_bench /tmp/${v}_$s.moe --backward --tokens 4096 --tokens 16384 --iters 10 \
             >> "$OUT/s/backward.log" 2>&1
@@ -56,7 +56,7 @@ for s in qwen3-30b-a3b mixtral-8x7b deepseek-v3-ep8; do
     echo "compare backward $s: exit $? ($SECONDS s)" >> "$OUT/s/rc.txt"
 done
 for s in qwen3-30b-a3b mixtral-8x7b; do
-    [ $SECONDS -le $((BUDGET - 70)) ] || break
+    [ $SECONDS -le $((BUDGET - 60)) ] || break
     echo "== $s" >> "$OUT/s/small.log"
     timeout 30 $B/moe_bench examples/specs/$s.moe --graph --tokens 1 --tokens 8 --tokens 64 --tokens 128 \
         --tokens 512 --iters 20 >> "$OUT/s/small.log" 2>&1
