@@ -506,6 +506,9 @@ static int bench_backward(const moe_plan *plan, const moe_forward_args *base, co
            "an L2 flush\n", sp->name, sp->weight_grads == MOE_WGRADS_DTYPE ? moe_dtype_name(dt) : "fp32");
     printf("%-7s %-9s %9s %9s %9s %9s %9s %9s\n", "tokens", "recompute", "fwd ms", "trainfwd", "bwd ms", "bwd/fwd",
            "bwd TF/s", "x dense");
+    moe_plan_info info = MOE_PLAN_INFO_INIT; /* the weight gradient's element bytes, for the wgrads' floors */
+    const double w = (double)S * H * F,
+                 gb = moe_plan_get_info(plan, &info) == MOE_OK ? (double)info.weight_grad_bytes : 4;
     for (int i = 0; i < ntok; i++) {
         const int T = tokens[i];
         if (T < 1 || (size_t)T > Tmax)
@@ -545,19 +548,17 @@ static int bench_backward(const moe_plan *plan, const moe_forward_args *base, co
          * it bound by the write) */
         printf("%-7s %-12s %9s %9s %9s %9s %7s   (stage ms, recompute_u 0 / 1; a GEMM's TFLOP/s and floor at "
                "recompute_u 0)\n", "", "stage", "ms", "ms", "TF/s", "floor ms", "x floor");
-        const double rows = (double)T * moe_spec_entries(sp), gemm_flop = 2.0 * rows * H * F; /* a down-sized GEMM */
-        moe_plan_info info = MOE_PLAN_INFO_INIT;
-        const double w = (double)S * H * F,
-                     gb = moe_plan_get_info(plan, &info) == MOE_OK ? (double)info.weight_grad_bytes : 4;
-        /* stages 2 .. 5: dgrad_down reads dY rows, W2, U and writes dU; dgrad_up reads dU, W1 and writes dX rows;
-         * wgrad_up reads dU and the x rows and writes dW1; wgrad_down reads dY rows and A and writes dW2 */
+        const double rows = (double)T * moe_spec_entries(sp), g = 2.0 * rows * H * F; /* a down-sized GEMM */
+        /* stages 2 .. 5, FLOPs and bytes: dgrad_down (H·F a row) reads dY rows, W2, U and writes dU; dgrad_up
+         * (2F·H) reads dU, W1 and writes dX rows; wgrad_up (2F·H) reads dU and the x rows and writes dW1;
+         * wgrad_down (H·F) reads dY rows and A and writes dW2 */
+        const double gemm_flop[MOE_BWD_STAGES] = {[2] = g, [3] = 2 * g, [4] = 2 * g, [5] = g};
         const double gemm_bytes[MOE_BWD_STAGES] = {[2] = 2 * (rows * H + w + 4 * rows * F),
                                                    [3] = 2 * (2 * rows * F + 2 * w + rows * H),
                                                    [4] = 2 * (2 * rows * F + rows * H) + gb * 2 * w,
                                                    [5] = 2 * (rows * H + rows * F) + gb * w};
         for (int k = 0; k < MOE_BWD_STAGES; k++) {
-            /* stages 2 .. 5: dgrad_down (H·F), dgrad_up (2F·H), wgrad_up (2F·H), wgrad_down (H·F) per row */
-            const double f = k == 2 || k == 5 ? gemm_flop : k == 3 || k == 4 ? 2 * gemm_flop : 0;
+            const double f = gemm_flop[k];
             printf("%-7d %-12s %9.4f %9.4f", T, moe_bwd_stage_names[k], stage_ms[0][k], stage_ms[1][k]);
             if (f > 0 && stage_ms[0][k] > 0) {
                 const double floor_ms = 1e3 * fmax(gemm_tf > 0 ? f / (gemm_tf * 1e12) : 0,
