@@ -203,8 +203,8 @@ static void entry_key(char *out, size_t n, const moe_spec_t *s, int tokens) {
              moe_spec_fp8(s) ? "e4m3" : moe_dtype_name(s->dtype), tokens);
 }
 
-/* Merge lines into TABLE: keep its lines except entries with the same key
- * (cli/tune.h, moe_tune_write_table). */
+/* Merge lines into TABLE: keep its lines except entries with the same key,
+ * forward or backward (cli/tune.h, moe_tune_write_table). */
 int moe_tune_write_table(const char *path, const moe_spec_t *s, const int *tok, int ntok, char lines[][256]) {
     size_t len = 0;
     char err[256];
@@ -228,11 +228,20 @@ int moe_tune_write_table(const char *path, const moe_spec_t *s, const int *tok, 
     for (char *p = old; p && *p;) {
         char *nl = strchr(p, '\n');
         size_t l = nl ? (size_t)(nl - p) : strlen(p);
+        /* a backward entry (its stage's name first) completes the forward entry it follows: a replaced
+         * forward entry drops its backward ones too (chosen under its row block) */
+        const char *body = p;
+        for (int f = MOE_K_BGEMM_FIRST; f < MOE_K_BGEMM_FIRST + MOE_BGEMM_COUNT; f++) {
+            const char *name = moe_family((moe_kfamily_t)f)->name;
+            if (strncmp(p, name, strlen(name)) == 0 && (p[strlen(name)] == ' ' || p[strlen(name)] == '\t'))
+                for (body = p + strlen(name); *body == ' ' || *body == '\t';)
+                    body++;
+        }
         int drop = 0;
         for (int i = 0; i < ntok; i++) {
             char key[128];
             entry_key(key, sizeof key, s, tok[i]);
-            if (strncmp(p, key, strlen(key)) == 0)
+            if (strncmp(body, key, strlen(key)) == 0)
                 drop = 1;
         }
         if (!drop)

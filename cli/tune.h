@@ -26,7 +26,8 @@ int moe_tune_check_candidates(char *why, size_t n);
 
 /* Merge one spec's entries (lines[i]: the entry of bucket tok[i], "" for
  * none) into the table at path, created when missing: its lines are kept
- * but for entries of the same shape and bucket, then the new ones follow.
+ * but for entries of the same shape and bucket (forward, and the backward
+ * entries that complete them), then the new ones follow.
  * The result goes to a new file beside it (moe_create_temp: never a
  * planted name or link) renamed over path. Returns 0, 1 (I/O; the table
  * untouched) or 2 (the table does not parse). */

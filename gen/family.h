@@ -185,6 +185,7 @@ typedef struct {
     moe_arch_t arch;
     int align;                              /* expert row blocks align to this (= GEMM bm) */
     const struct moe_tuning_entry *tuned;   /* the sm_90a GEMM tiles the tuning table chose, or NULL */
+    const struct moe_tuning_entry *btuned;  /* a backward GEMM's own entry (its stage, tuned's key), or NULL */
     int ep, nheld, capacity;                /* EP families: group size P, slots S, capacity C (0 = exact) */
 } moe_family_ctx_t;
 
@@ -302,6 +303,19 @@ void moe_bgemm_mn(moe_kfamily_t f, long long hidden, long long ffn, long long *M
 /* Bytes of one element of the weight gradients dw1p and dw2 (spec
  * weight_grads): 4 (fp32) or 2 (the dtype). */
 int moe_wgrad_elem_bytes(const moe_spec_t *s);
+
+/* Non-zero (the reason in why) when t cannot be backward GEMM f's sm_90a
+ * tile (a tuning table's backward entry, gen/tuning.h): the dgrads take
+ * the forward GEMM's rules (moe_gemm_sm90_tile_check: tile, persist or
+ * pingpong grids); the wgrads the persistent grid, bn 128 or 256 (two
+ * staging passes of whole 128-byte boxes of fp32 or 2-byte gradients),
+ * their accumulators in the register cap and their shared memory, counted
+ * with fp32 gradients, in 227 KB. */
+int moe_bgemm_sm90_tile_check(moe_kfamily_t f, const moe_tile_cfg_t *t, char *why, size_t n);
+
+/* The backward GEMM family named `name` ("dgrad_down", "dgrad_up",
+ * "wgrad_up", "wgrad_down"), or -1. */
+int moe_bgemm_family(const char *name);
 
 /* ---- Lua table setters: t[k] = v on the table on top of L --------------- */
 void moe_lua_set_int(lua_State *L, const char *k, long long v);

@@ -9,8 +9,10 @@
  * tile table's), the wgrads' bm tiles the weight gradient's rows. */
 #include "family.h"
 #include "launch_geom.h"
+#include "tuning.h"
 
 #include <stdio.h>
+#include <string.h>
 
 /* The wgrads read their rows transposed (A M-major), the dgrads K-major. */
 static int is_wgrad(moe_kfamily_t f) {
@@ -74,8 +76,59 @@ static int wgrad_sm90_smem(const moe_tile_cfg_t *t, int elem_bytes) {
     return t->stages * (t->bm + t->bn) * t->bk * 2 + t->bm * (t->bn / 2) * elem_bytes + 16 * t->stages;
 }
 
+/* threads and shared memory of sm_90a tile k->tile */
+static void finish_sm90(moe_kernel_desc_t *k, const moe_family_ctx_t *c) {
+    k->threads = 128 * (k->tile.consumers + 1);
+    k->smem = is_wgrad(k->family) ? wgrad_sm90_smem(&k->tile, moe_wgrad_elem_bytes(c->spec))
+                                  : moe_gemm_sm90_smem(&k->tile, k->tile.bn);
+}
+
+int moe_bgemm_sm90_tile_check(moe_kfamily_t f, const moe_tile_cfg_t *t, char *why, size_t n) {
+    if (!is_wgrad(f)) /* the forward's kernel with B N-major: the forward's rules */
+        return moe_gemm_sm90_tile_check(t, why, n);
+    const char *bad = NULL;
+    const int launch_cap = 65536 / (128 * (t->consumers + 1)) / 8 * 8, cap = launch_cap < 255 ? launch_cap : 255;
+    if (!t->persistent || t->pingpong || t->splitk || t->gemv)
+        bad = "the weight gradients run on the persist grid";
+    else if (t->bm != 64 && t->bm != 128 && t->bm != 192 && t->bm != 256)
+        bad = "bm must be 64, 128, 192 or 256";
+    else if (t->consumers != t->bm / 64 && !(t->bm == 256 && t->consumers == 2))
+        bad = "consumers must be bm / 64 (or 2 with bm 256: two m64 blocks each)";
+    else if (t->bk != 64)
+        bad = "bk must be 64 (one 128-byte swizzle row)";
+    else if (t->bn != 128 && t->bn != 256)
+        bad = "a weight gradient's bn must be 128 or 256 (two staging passes of whole 128-byte boxes)";
+    else if (t->bm / t->consumers / 64 * t->bn / 2 + 40 > cap) /* the template's accumulators + 40 in the cap */
+        bad = "accumulators over the register cap (bm / consumers / 64 x bn / 2 + 40 a thread): bm 192 and 256 (on 2 "
+              "consumers) take bn 128";
+    else if (t->stages < 2 || wgrad_sm90_smem(t, 4) > 227 * 1024)
+        bad = "stages must be >= 2 and fit 227 KB of shared memory with half the output tile in fp32";
+    else if (t->group_m < 1 || t->group_m > 64)
+        bad = "group_m must be 1..64";
+    if (bad)
+        snprintf(why, n, "%s", bad);
+    return bad != NULL;
+}
+
+int moe_bgemm_family(const char *name) {
+    for (int i = 0; i < MOE_BGEMM_COUNT; i++)
+        if (strcmp(name, moe_family((moe_kfamily_t)(MOE_K_BGEMM_FIRST + i))->name) == 0)
+            return MOE_K_BGEMM_FIRST + i;
+    return -1;
+}
+
+/* A backward entry of the tuning table (ctx btuned, its bm checked against
+ * the forward entry's: gen/tuning.c) sets the tile whole. */
 static int sm90_geometry(moe_kernel_desc_t *k, const moe_family_ctx_t *c, char *err, size_t errlen) {
     (void)err, (void)errlen;
+    if (c->btuned) {
+        const struct moe_tuning_entry *e = c->btuned;
+        k->tile = (moe_tile_cfg_t){.bm = e->bm, .bn = e->bn, .bk = e->bk, .stages = e->stages,
+                                   .consumers = e->consumers, .group_m = e->group_m, .persistent = e->persistent,
+                                   .pingpong = e->pingpong};
+        finish_sm90(k, c);
+        return 0;
+    }
     const int bm = is_wgrad(k->family) ? 128 : c->align;
     /* a row block of 192 or 256 (a tuned sm_90a tile's) has 3 or 4 consumer warpgroups: bn 128 or 64 keeps their
      * accumulators in the register cap (moe_gemm_sm90_tile_check) */
@@ -85,9 +138,7 @@ static int sm90_geometry(moe_kernel_desc_t *k, const moe_family_ctx_t *c, char *
         k->tile.consumers = 2, k->tile.persistent = 1, k->tile.pingpong = 1;
     if (is_wgrad(k->family))
         k->tile.persistent = 1, k->tile.stages = 3;
-    k->threads = 128 * (k->tile.consumers + 1);
-    k->smem = is_wgrad(k->family) ? wgrad_sm90_smem(&k->tile, moe_wgrad_elem_bytes(c->spec))
-                                  : moe_gemm_sm90_smem(&k->tile, k->tile.bn);
+    finish_sm90(k, c);
     return 0;
 }
 

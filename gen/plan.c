@@ -130,11 +130,16 @@ static int build(moe_plan_desc_t *pd, const moe_spec_t *s, const moe_tuning_t *t
     pd->pair_granule = MOE_PAIR_GRANULE;
     if (plan_variants(pd, table, err, errlen))
         return 1;
-    for (int a = 0; a < MOE_FAMILY_ARCHES; a++) { /* the backward GEMMs: the capacity's row block */
+    /* the backward GEMMs: the capacity's row block, and the table's backward entries completing the entry of
+     * the spec's tokens (the capacity variant's, or one it merged with: the same tiles) */
+    const moe_tuning_entry_t *cap_entry = moe_tuning_find(table, s, MOE_ARCH_SM90A);
+    for (int a = 0; a < MOE_FAMILY_ARCHES; a++) {
         moe_family_ctx_t ctx = moe_plan_family_ctx(pd, (moe_arch_t)a);
-        for (int i = 0; s->training && i < MOE_BGEMM_COUNT; i++)
+        for (int i = 0; s->training && i < MOE_BGEMM_COUNT; i++) {
+            ctx.btuned = moe_tuning_find_bgemm(table, cap_entry, MOE_K_BGEMM_FIRST + i);
             if (moe_family_build(&pd->bgemm[a][i], (moe_kfamily_t)(MOE_K_BGEMM_FIRST + i), &ctx, err, errlen))
                 return 1;
+        }
     }
     moe_family_ctx_t neutral = moe_plan_family_ctx(pd, s->arch[0]);
     if (moe_family_build(&pd->swiglu, MOE_K_SWIGLU, &neutral, err, errlen) ||

@@ -26,6 +26,27 @@ static int parse_int(const char *s, int lo, int hi, int *out) {
     return 0;
 }
 
+/* Whether a and b are for the same shape, dtype, arch and bucket. */
+static int same_key(const moe_tuning_entry_t *a, const moe_tuning_entry_t *b) {
+    return a->experts == b->experts && a->top_k == b->top_k && a->hidden == b->hidden && a->ffn == b->ffn &&
+           a->dtype == b->dtype && a->fp8 == b->fp8 && a->arch == b->arch && a->tokens == b->tokens;
+}
+
+/* The forward entry backward entry b completes, or NULL. */
+static const moe_tuning_entry_t *forward_of(const moe_tuning_t *t, const moe_tuning_entry_t *b) {
+    for (int i = 0; i < t->n; i++)
+        if (t->e[i].stage == 0 && same_key(&t->e[i], b))
+            return &t->e[i];
+    return NULL;
+}
+
+const moe_tuning_entry_t *moe_tuning_find_bgemm(const moe_tuning_t *t, const moe_tuning_entry_t *fwd, int family) {
+    for (int i = 0; t && fwd && i < t->n; i++)
+        if (t->e[i].stage == family && same_key(&t->e[i], fwd))
+            return &t->e[i];
+    return NULL;
+}
+
 int moe_tuning_parse(moe_tuning_t *t, const char *file, const char *text, size_t len, moe_diag_t *diag) {
     memset(t, 0, sizeof *t);
     snprintf(t->file, sizeof t->file, "%s", file);
@@ -45,16 +66,22 @@ int moe_tuning_parse(moe_tuning_t *t, const char *file, const char *text, size_t
         char *hash = strchr(buf, '#');
         if (hash)
             *hash = 0;
-        char *tok[32];
+        char *words[32], **tok = words;
         int nt = 0;
         for (char *p = strtok(buf, " \t\r"); p && nt < 32; p = strtok(NULL, " \t\r"))
-            tok[nt++] = p;
+            words[nt++] = p;
         if (nt == 0)
             continue;
-        if (nt < 18)
-            return fail(diag, file, line, "an entry has 18 fields or more: E top_k H F dtype arch tokens bm bn bk "
-                        "stages consumers group_m grid best_us runner_up_us date gpu", NULL);
         moe_tuning_entry_t e = {.line = line};
+        if (!(tok[0][0] >= '0' && tok[0][0] <= '9')) { /* a backward GEMM's entry: its name, then the fields */
+            if ((e.stage = moe_bgemm_family(tok[0])) < 0)
+                return fail(diag, file, line, "an entry starts with E (an integer) or with a backward GEMM's name "
+                            "(dgrad_down, dgrad_up, wgrad_up, wgrad_down)", tok[0]);
+            tok++, nt--;
+        }
+        if (nt < 18)
+            return fail(diag, file, line, "an entry has 18 fields or more: [backward GEMM] E top_k H F dtype arch "
+                        "tokens bm bn bk stages consumers group_m grid best_us runner_up_us date gpu", NULL);
         int *ints[] = {&e.experts, &e.top_k, &e.hidden, &e.ffn};
         static const char *const iname[] = {"E", "top_k", "H", "F"};
         for (int i = 0; i < 4; i++)
@@ -115,6 +142,13 @@ int moe_tuning_parse(moe_tuning_t *t, const char *file, const char *text, size_t
                         "weights through a ring) or chain (stream, the up GEMM's grid running the down GEMM and "
                         "the combine too)", tok[13]);
         }
+        if (e.stage && (e.fp8 || plus || e.splitk || e.gemv ||
+                        (e.stage >= MOE_K_WGRAD_UP && (!e.persistent || e.pingpong))))
+            return fail(diag, file, line, e.fp8 ? "a backward entry's dtype is bf16 or fp16 (training runs no fp8 "
+                                                  "GEMMs)"
+                                                : "a backward entry's grid is tile, persist or pingpong (dgrad_down, "
+                                                  "dgrad_up) or persist (wgrad_up, wgrad_down), without suffixes",
+                        e.fp8 ? tok[4] : tok[13]);
         if (e.evict && e.gemv)
             return fail(diag, file, line, "+ef: the TMA grids only (tile, persist, pingpong, splitkS: the gemv, "
                         "stream and chain grids load no TMA boxes)", tok[13]);
@@ -125,7 +159,9 @@ int moe_tuning_parse(moe_tuning_t *t, const char *file, const char *text, size_t
         const moe_tile_cfg_t cfg = {.bm = e.bm, .bn = e.bn, .bk = e.bk, .stages = e.stages, .consumers = e.consumers,
                                     .group_m = e.group_m, .persistent = e.persistent,
                                     .pingpong = e.pingpong, .splitk = e.splitk, .gemv = e.gemv};
-        if (e.fp8 ? moe_gemm_sm90_fp8_tile_check(&cfg, why, sizeof why) : moe_gemm_sm90_tile_check(&cfg, why, sizeof why))
+        if (e.stage ? moe_bgemm_sm90_tile_check((moe_kfamily_t)e.stage, &cfg, why, sizeof why)
+            : e.fp8 ? moe_gemm_sm90_fp8_tile_check(&cfg, why, sizeof why)
+                    : moe_gemm_sm90_tile_check(&cfg, why, sizeof why))
             return fail(diag, file, line, why, NULL);
         if (e.splitk && moe_tuning_splitk_check(e.splitk, e.hidden, e.ffn, e.bk, why, sizeof why))
             return fail(diag, file, line, why, tok[13]);
@@ -149,11 +185,10 @@ int moe_tuning_parse(moe_tuning_t *t, const char *file, const char *text, size_t
         }
         for (int i = 0; i < t->n; i++) {
             moe_tuning_entry_t *o = &t->e[i];
-            if (o->experts == e.experts && o->top_k == e.top_k && o->hidden == e.hidden && o->ffn == e.ffn &&
-                o->dtype == e.dtype && o->fp8 == e.fp8 && o->arch == e.arch && o->tokens == e.tokens) {
-                char m[96];
-                snprintf(m, sizeof m, "a second entry for the same shape and tokens (the first is line %d)",
-                         o->line);
+            if (o->stage == e.stage && same_key(o, &e)) {
+                char m[112];
+                snprintf(m, sizeof m, "a second entry for the same %sshape and tokens (the first is line %d)",
+                         e.stage ? "backward GEMM, " : "", o->line);
                 return fail(diag, file, line, m, NULL);
             }
         }
@@ -165,6 +200,19 @@ int moe_tuning_parse(moe_tuning_t *t, const char *file, const char *text, size_t
             t->e = ne;
         }
         t->e[t->n++] = e;
+    }
+    /* a backward entry completes a forward one: the dgrads' M tiles are the forward's row tiles */
+    for (int i = 0; i < t->n; i++) {
+        const moe_tuning_entry_t *b = &t->e[i], *f = b->stage ? forward_of(t, b) : NULL;
+        char m[200];
+        if (b->stage && !f)
+            return fail(diag, file, b->line, "a backward entry needs the forward entry of its shape and tokens "
+                        "(its row block is the dgrads' M tile)", NULL);
+        if (b->stage && b->stage <= MOE_K_DGRAD_UP && b->bm != f->bm) {
+            snprintf(m, sizeof m, "a dgrad's bm must be the row block of the forward entry of its shape and tokens "
+                     "(line %d: bm %d)", f->line, f->bm);
+            return fail(diag, file, b->line, m, NULL);
+        }
     }
     return 0;
 }
@@ -214,9 +262,9 @@ const moe_tuning_entry_t *moe_tuning_find(const moe_tuning_t *t, const moe_spec_
     return moe_tuning_find_tokens(t, s, arch, s->tokens);
 }
 
-/* Whether entry e is for s's shape on arch, at a bucket <= tokens. */
+/* Whether forward entry e is for s's shape on arch, at a bucket <= tokens. */
 static int applies(const moe_tuning_entry_t *e, const moe_spec_t *s, moe_arch_t arch, int tokens) {
-    return e->experts == s->experts && e->top_k == s->top_k && e->hidden == s->hidden && e->ffn == s->ffn &&
+    return e->stage == 0 && e->experts == s->experts && e->top_k == s->top_k && e->hidden == s->hidden && e->ffn == s->ffn &&
            e->dtype == s->dtype && e->fp8 == moe_spec_fp8(s) && e->arch == arch && e->tokens <= tokens;
 }
 

@@ -10,6 +10,9 @@
 #include "util.h"
 
 typedef struct moe_tuning_entry {
+    int stage;                           /* 0: the forward GEMMs' entry; else a backward GEMM's (the line starts
+                                          * with its name: MOE_K_DGRAD_DOWN .. MOE_K_WGRAD_DOWN, gen/family.h),
+                                          * which completes the forward entry of the same shape and tokens */
     int experts, top_k, hidden, ffn;
     moe_dtype_t dtype;
     moe_arch_t arch;
@@ -69,14 +72,19 @@ int moe_tuning_splitk_check(int splitk, int hidden, int ffn, int bk, char *why, 
  * table: callers that want this one pass it to moe_plan_desc_build. */
 const moe_tuning_t *moe_tuning_default(void);
 
-/* The entry for spec s on arch: same shape, dtype and arch, the largest
- * bucket <= s->tokens; NULL when none. */
+/* The (forward) entry for spec s on arch: same shape, dtype and arch, the
+ * largest bucket <= s->tokens; NULL when none. */
 const moe_tuning_entry_t *moe_tuning_find(const moe_tuning_t *t, const moe_spec_t *s, moe_arch_t arch);
 
 /* As moe_tuning_find for a call of `tokens` tokens: the entry of s's shape
  * with the largest bucket <= tokens; NULL when none. */
 const moe_tuning_entry_t *moe_tuning_find_tokens(const moe_tuning_t *t, const moe_spec_t *s, moe_arch_t arch,
                                                  int tokens);
+
+/* The backward entry of stage `family` (MOE_K_DGRAD_DOWN .. MOE_K_WGRAD_DOWN)
+ * that completes forward entry fwd (same shape and tokens); NULL when none
+ * or fwd is NULL. */
+const moe_tuning_entry_t *moe_tuning_find_bgemm(const moe_tuning_t *t, const moe_tuning_entry_t *fwd, int family);
 
 /* The token buckets of s's shape in t on arch that are <= s->tokens,
  * ascending and distinct, into out; the largest `max` of them when there

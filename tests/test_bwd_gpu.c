@@ -92,6 +92,14 @@ static const bwd_case_t cases[] = {
     /* row blocks of 192 (below 512 tokens) and 256 (from 512, the capacity's: the dgrads' row block) on 3 and 4
      * consumer warpgroups (tests/tune/rowblock.tune) */
     {"tests/specs/train_softmax.moe", {1, 37, 700}, 3, 0, 0, 1, "tests/tune/rowblock.tune", 2},
+    /* the backward GEMMs on the tuning table's backward entries (tests/tune/bwd.tune, bwd2.tune): dgrads on
+     * the persist, ping-pong and one-CTA grids with bn 128 / 256, wgrads of 64 .. 256 rows on 1 .. 3 consumer
+     * warpgroups, fp32 and dtype gradients, fp16 with biases and the clamp (train_gptoss) */
+    {"tests/specs/train_softmax.moe", {1, 37, 700}, 3, 0, 0, 1, "tests/tune/bwd.tune", 1},
+    {"tests/specs/train_softmax_hgrad.moe", {37, 700}, 2, 1, 1, 1, "tests/tune/bwd.tune", 1},
+    {"tests/specs/train_softmax.moe", {5, 600}, 2, 0, 1, 1, "tests/tune/bwd2.tune", 1},
+    {"tests/specs/train_softmax_hgrad.moe", {600}, 1, 1, 0, 1, "tests/tune/bwd2.tune", 1},
+    {"tests/specs/train_gptoss.moe", {3, 333}, 2, 0, 0, 1, "tests/tune/bwd.tune", 1},
     {"tests/specs/train_softmax.moe", {700}, 1, 1, 0, 0, NULL, 0},
     {"tests/specs/train_softmax.moe", {256}, 1, 0, 1, 0, NULL, 0},
     {"tests/specs/train_gptoss.moe", {333}, 1, 0, 0, 1, NULL, 0},

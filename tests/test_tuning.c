@@ -1166,10 +1166,188 @@ int main(void) {
         unlink(path), unlink(link), unlink(victim), rmdir(dir);
     }
 
+    CASE("backward entries: parsed after their stage's name, completing the forward entry of their key");
+    {
+        const char *bt = "12 2 264 136 bf16 sm_90a 1  64 256 64 4 2 8 pingpong  1 2 2026-12-07 G\n"
+                         "wgrad_down\t12 2 264 136 bf16 sm_90a 1  256 128 64 3 2 8 persist  3 4 2026-12-07 G H\n"
+                         "dgrad_down 12 2 264 136 bf16 sm_90a 1  64 128 64 6 2 8 pingpong  1 2 2026-12-07 G\n"
+                         "12 2 264 136 bf16 sm_90a 512  128 256 64 4 2 8 tile  1 2 2026-12-07 G\n";
+        moe_tuning_t b;
+        moe_diag_t bd;
+        CHECKF(parse(&b, bt, &bd) == 0, "%s", bd.msg);
+        CHECK(b.n == 4);
+        if (b.n == 4) {
+            CHECK(b.e[0].stage == 0 && b.e[1].stage == MOE_K_WGRAD_DOWN && b.e[2].stage == MOE_K_DGRAD_DOWN);
+            CHECK(b.e[1].bm == 256 && b.e[1].bn == 128 && b.e[1].consumers == 2 && b.e[1].persistent == 1);
+            CHECK(b.e[1].best_us == 3 && b.e[1].line == 2);
+            CHECK_STREQ(b.e[1].gpu, "G H");
+            CHECK(moe_tuning_find_bgemm(&b, &b.e[0], MOE_K_WGRAD_DOWN) == &b.e[1]);
+            CHECK(moe_tuning_find_bgemm(&b, &b.e[0], MOE_K_DGRAD_DOWN) == &b.e[2]);
+            CHECK(moe_tuning_find_bgemm(&b, &b.e[0], MOE_K_WGRAD_UP) == NULL);
+            CHECK(moe_tuning_find_bgemm(&b, &b.e[3], MOE_K_DGRAD_DOWN) == NULL); /* another bucket's */
+            CHECK(moe_tuning_find_bgemm(&b, NULL, MOE_K_DGRAD_DOWN) == NULL);
+        }
+        /* the forward lookups never return a backward entry */
+        moe_spec_t sp;
+        moe_diag_t sd;
+        CHECKF(moe_spec_load(&sp, "t.moe", "name='b'\nexperts=12\ntop_k=2\nhidden=264\nffn=136\ntokens=300\n", NULL,
+                             0, &sd) == 0, "%s", sd.msg);
+        CHECK(b.n == 4 && moe_tuning_find(&b, &sp, MOE_ARCH_SM90A) == &b.e[0]);
+        int bk[8];
+        CHECK(moe_tuning_buckets(&b, &sp, MOE_ARCH_SM90A, bk, 8) == 1 && bk[0] == 1);
+        moe_tuning_free(&b);
+    }
+    expect_error("dgrad_sideways 12 2 264 136 bf16 sm_90a 1  64 128 64 6 2 8 pingpong  1 2 2026-12-07 G\n",
+                 "t.tune:1: error: an entry starts with E (an integer) or with a backward GEMM's name (dgrad_down, "
+                 "dgrad_up, wgrad_up, wgrad_down) ('dgrad_sideways')");
+    expect_error("12 2 264 136 bf16 sm_90a 1  64 256 64 4 2 8 pingpong  1 2 2026-12-07 G\n"
+                 "wgrad_up 12 2 264 136 bf16 sm_90a 1  128 256 64 3 2 8 pingpong  1 2 2026-12-07 G\n",
+                 "t.tune:2: error: a backward entry's grid is tile, persist or pingpong (dgrad_down, dgrad_up) or "
+                 "persist (wgrad_up, wgrad_down), without suffixes ('pingpong')");
+    expect_error("12 2 264 136 bf16 sm_90a 1  64 256 64 4 2 8 pingpong  1 2 2026-12-07 G\n"
+                 "dgrad_up 12 2 264 136 bf16 sm_90a 1  64 256 64 4 1 8 splitk2  1 2 2026-12-07 G\n",
+                 "t.tune:2: error: a backward entry's grid is tile, persist or pingpong (dgrad_down, dgrad_up) or "
+                 "persist (wgrad_up, wgrad_down), without suffixes ('splitk2')");
+    expect_error("12 2 264 136 bf16 sm_90a 1  64 256 64 4 2 8 pingpong  1 2 2026-12-07 G\n"
+                 "dgrad_up 12 2 264 136 bf16 sm_90a 1  64 256 64 4 2 8 pingpong+pdl  1 2 2026-12-07 G\n",
+                 "t.tune:2: error: a backward entry's grid is tile, persist or pingpong (dgrad_down, dgrad_up) or "
+                 "persist (wgrad_up, wgrad_down), without suffixes ('pingpong')");
+    expect_error("12 2 264 136 e4m3 sm_90a 1  128 256 128 4 2 8 tile  1 2 2026-12-07 G\n"
+                 "wgrad_up 12 2 264 136 e4m3 sm_90a 1  128 256 64 3 2 8 persist  1 2 2026-12-07 G\n",
+                 "t.tune:2: error: a backward entry's dtype is bf16 or fp16 (training runs no fp8 GEMMs) ('e4m3')");
+    expect_error("wgrad_up 12 2 264 136 bf16 sm_90a 1  128 256 64 3 2 8 persist  1 2 2026-12-07 G\n",
+                 "t.tune:1: error: a backward entry needs the forward entry of its shape and tokens (its row block "
+                 "is the dgrads' M tile)");
+    expect_error("12 2 264 136 bf16 sm_90a 1  64 256 64 4 2 8 pingpong  1 2 2026-12-07 G\n"
+                 "dgrad_down 12 2 264 136 bf16 sm_90a 1  128 128 64 4 2 8 tile  1 2 2026-12-07 G\n",
+                 "t.tune:2: error: a dgrad's bm must be the row block of the forward entry of its shape and tokens "
+                 "(line 1: bm 64)");
+    expect_error("12 2 264 136 bf16 sm_90a 1  64 256 64 4 2 8 pingpong  1 2 2026-12-07 G\n"
+                 "wgrad_down 12 2 264 136 bf16 sm_90a 1  128 256 64 3 2 8 persist  1 2 2026-12-07 G\n"
+                 "wgrad_down 12 2 264 136 bf16 sm_90a 1  128 128 64 3 2 8 persist  1 2 2026-12-07 G\n",
+                 "t.tune:3: error: a second entry for the same backward GEMM, shape and tokens (the first is line 2)");
+    expect_error("12 2 264 136 bf16 sm_90a 1  64 256 64 4 2 8 pingpong  1 2 2026-12-07 G\n"
+                 "wgrad_down 12 2 264 136 bf16 sm_90a 1  128 64 64 3 2 8 persist  1 2 2026-12-07 G\n",
+                 "t.tune:2: error: a weight gradient's bn must be 128 or 256 (two staging passes of whole 128-byte "
+                 "boxes)");
+    expect_error("12 2 264 136 bf16 sm_90a 1  64 256 64 4 2 8 pingpong  1 2 2026-12-07 G\n"
+                 "wgrad_down 12 2 264 136 bf16 sm_90a 1  256 256 64 3 2 8 persist  1 2 2026-12-07 G\n",
+                 "t.tune:2: error: accumulators over the register cap (bm / consumers / 64 x bn / 2 + 40 a thread): bm "
+                 "192 and 256 (on 2 consumers) take bn 128");
+    expect_error("12 2 264 136 bf16 sm_90a 1  64 256 64 4 2 8 pingpong  1 2 2026-12-07 G\n"
+                 "wgrad_up 12 2 264 136 bf16 sm_90a 1  128 256 64 4 2 8 persist  1 2 2026-12-07 G\n",
+                 "t.tune:2: error: stages must be >= 2 and fit 227 KB of shared memory with half the output tile in "
+                 "fp32");
+    expect_error("12 2 264 136 bf16 sm_90a 1  64 256 64 4 2 8 pingpong  1 2 2026-12-07 G\n"
+                 "wgrad_up 12 2 264 136 bf16 sm_90a 1  192 128 64 3 2 8 persist  1 2 2026-12-07 G\n",
+                 "t.tune:2: error: consumers must be bm / 64 (or 2 with bm 256: two m64 blocks each)");
+    expect_error("12 2 264 136 bf16 sm_90a 1  64 256 64 4 2 8 pingpong  1 2 2026-12-07 G\n"
+                 "dgrad_down 12 2 264 136 bf16 sm_90a 1  64 256 64 5 2 8 pingpong  1 2 2026-12-07 G\n",
+                 "t.tune:2: error: stages must be >= 2 and fit 227 KB of shared memory with the two staging tiles");
+
+    CASE("backward entries choose the backward GEMMs' sm_90a tiles (tests/tune/bwd.tune, bwd2.tune); without "
+         "them the heuristics");
+    {
+        static const struct {
+            const char *spec, *table, *names[4];
+            int smem_wgrad_up;
+        } want[] = {
+            {"tests/specs/train_softmax.moe", "tests/tune/bwd.tune",
+             {"train_softmax_dgrad_down_bf16_sm90a_tma_persist_m128n128k64s5c2g8",
+              "train_softmax_dgrad_up_bf16_sm90a_tma_pingpong_m128n128k64s4c2g4",
+              "train_softmax_wgrad_up_bf16_sm90a_tma_persist_m256n128k64s3c2g8",
+              "train_softmax_wgrad_down_bf16_sm90a_tma_persist_m64n256k64s4c1g8"},
+             3 * (256 + 128) * 64 * 2 + 256 * 64 * 4 + 16 * 3},
+            {"tests/specs/train_softmax_hgrad.moe", "tests/tune/bwd.tune",
+             {"train_softmax_hgrad_dgrad_down_bf16_sm90a_tma_persist_m128n128k64s5c2g8",
+              "train_softmax_hgrad_dgrad_up_bf16_sm90a_tma_pingpong_m128n128k64s4c2g4",
+              "train_softmax_hgrad_wgrad_up_bf16_sm90a_tma_persist_m256n128k64s3c2g8_gbf16",
+              "train_softmax_hgrad_wgrad_down_bf16_sm90a_tma_persist_m64n256k64s4c1g8_gbf16"},
+             3 * (256 + 128) * 64 * 2 + 256 * 64 * 2 + 16 * 3},
+            {"tests/specs/train_softmax.moe", "tests/tune/bwd2.tune",
+             {"train_softmax_dgrad_down_bf16_sm90a_tma_pingpong_m64n128k64s6c2g8",
+              "train_softmax_dgrad_up_bf16_sm90a_tma_m64n256k64s4c1g8",
+              "train_softmax_wgrad_up_bf16_sm90a_tma_persist_m192n128k64s3c3g8",
+              "train_softmax_wgrad_down_bf16_sm90a_tma_persist_m128n128k64s4c2g8"},
+             3 * (192 + 128) * 64 * 2 + 192 * 64 * 4 + 16 * 3},
+            {"tests/specs/train_gptoss.moe", "tests/tune/bwd.tune",
+             {"train_gptoss_dgrad_down_fp16_sm90a_tma_pingpong_m64n128k64s6c2g8",
+              "train_gptoss_dgrad_up_fp16_sm90a_tma_m64n256k64s4c1g8",
+              "train_gptoss_wgrad_up_fp16_sm90a_tma_persist_m192n128k64s3c3g8",
+              "train_gptoss_wgrad_down_fp16_sm90a_tma_persist_m128n128k64s4c2g8"},
+             3 * (192 + 128) * 64 * 2 + 192 * 64 * 4 + 16 * 3},
+            {"tests/specs/train_softmax.moe", NULL, /* the heuristics: the 128-row block's tiles */
+             {"train_softmax_dgrad_down_bf16_sm90a_tma_m128n256k64s4c2g8",
+              "train_softmax_dgrad_up_bf16_sm90a_tma_m128n256k64s4c2g8",
+              "train_softmax_wgrad_up_bf16_sm90a_tma_persist_m128n256k64s3c2g8",
+              "train_softmax_wgrad_down_bf16_sm90a_tma_persist_m128n256k64s3c2g8"},
+             3 * (128 + 256) * 64 * 2 + 128 * 128 * 4 + 16 * 3},
+        };
+        for (size_t i = 0; i < sizeof want / sizeof *want; i++) {
+            moe_tuning_t bt = {0};
+            moe_diag_t bd;
+            if (want[i].table)
+                CHECKF(moe_tuning_load(&bt, want[i].table, &bd) == 0, "%s", bd.msg);
+            moe_spec_t sp;
+            moe_diag_t sd;
+            char err[256];
+            moe_plan_desc_t bp = {0};
+            CHECKF(moe_spec_load(&sp, want[i].spec, NULL, NULL, 0, &sd) == 0, "%s", sd.msg);
+            const int rc = moe_plan_desc_build(&bp, &sp, want[i].table ? &bt : embedded, err, sizeof err);
+            CHECKF(rc == 0, "%s: %s", want[i].spec, err);
+            const moe_kernel_desc_t *bg = rc ? NULL : moe_plan_bgemm(&bp, MOE_ARCH_SM90A);
+            for (int k = 0; bg && k < 4; k++)
+                CHECKF(strcmp(bg[k].name, want[i].names[k]) == 0, "%s under %s: %s, want %s", want[i].spec,
+                       want[i].table ? want[i].table : "the embedded table", bg[k].name, want[i].names[k]);
+            if (bg) {
+                CHECKF(bg[2].smem == want[i].smem_wgrad_up, "wgrad_up smem %d, want %d", bg[2].smem,
+                       want[i].smem_wgrad_up);
+                CHECK(bg[2].threads == 128 * (bg[2].tile.consumers + 1));
+                /* sm_80 keeps its mma.sync tiles */
+                CHECK(moe_plan_bgemm(&bp, MOE_ARCH_SM80)[0].tile.consumers == 0);
+            }
+            moe_plan_desc_free(&bp);
+            moe_tuning_free(&bt);
+        }
+    }
+
+    CASE("moegen tune -o: a replaced forward entry drops the backward entries completing it, keeps the others'");
+    {
+        char dir[] = "/tmp/moegen_tune_bwd.XXXXXX", path[256], buf[4096];
+        CHECK(mkdtemp(dir) != NULL);
+        snprintf(path, sizeof path, "%s/t.tune", dir);
+        FILE *f = fopen(path, "w");
+        CHECK(f && fputs("12 2 264 136 bf16 sm_90a 1  64 256 64 4 2 8 pingpong  1 2 2026-12-07 G\n"
+                         "dgrad_down 12 2 264 136 bf16 sm_90a 1  64 128 64 6 2 8 pingpong  1 2 2026-12-07 G\n"
+                         "12 2 264 136 bf16 sm_90a 512  128 256 64 4 2 8 tile  1 2 2026-12-07 G\n"
+                         "wgrad_up\t12 2 264 136 bf16 sm_90a 512  128 128 64 4 2 8 persist  1 2 2026-12-07 G\n",
+                         f) >= 0 && fclose(f) == 0);
+        moe_spec_t sp;
+        memset(&sp, 0, sizeof sp);
+        sp.experts = 12, sp.top_k = 2, sp.hidden = 264, sp.ffn = 136, sp.dtype = MOE_DTYPE_BF16;
+        const int tok[1] = {1};
+        char lines[1][256] = {"12 2 264 136 bf16 sm_90a 1  128 128 64 4 2 8 tile  5 6 2026-12-08 G"};
+        CHECK(moe_tune_write_table(path, &sp, tok, 1, lines) == 0);
+        f = fopen(path, "r");
+        size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+        buf[n] = 0;
+        if (f)
+            fclose(f);
+        CHECKF(strcmp(buf, "12 2 264 136 bf16 sm_90a 512  128 256 64 4 2 8 tile  1 2 2026-12-07 G\n"
+                           "wgrad_up\t12 2 264 136 bf16 sm_90a 512  128 128 64 4 2 8 persist  1 2 2026-12-07 G\n"
+                           "12 2 264 136 bf16 sm_90a 1  128 128 64 4 2 8 tile  5 6 2026-12-08 G\n") == 0,
+               "the merged table:\n%s", buf);
+        moe_tuning_t t2;
+        moe_diag_t d2;
+        CHECKF(moe_tuning_parse(&t2, path, buf, n, &d2) == 0, "%s", d2.msg);
+        moe_tuning_free(&t2);
+        unlink(path), rmdir(dir);
+    }
+
     CASE("errors name the file and line");
     expect_error("# c\n8 2 4096 12288 bf16 sm_90a 1024 64 128 64 5 1 4 tile 1 2 2026-12-02\n",
-                 "t.tune:2: error: an entry has 18 fields or more: E top_k H F dtype arch tokens bm bn bk stages "
-                 "consumers group_m grid best_us runner_up_us date gpu");
+                 "t.tune:2: error: an entry has 18 fields or more: [backward GEMM] E top_k H F dtype arch tokens bm bn "
+                 "bk stages consumers group_m grid best_us runner_up_us date gpu");
     expect_error("8 2 4096 12288 bf32 sm_90a 1024 64 128 64 5 1 4 tile 1 2 2026-12-02 H200\n",
                  "t.tune:1: error: dtype must be bf16, fp16 or e4m3 (an fp8 spec's GEMMs) ('bf32')");
     expect_error("8 2 4096 12288 e4m3 sm_90a 1 128 256 64 4 2 8 tile 1 2 2026-12-04 H200\n",
@@ -1194,7 +1372,10 @@ int main(void) {
                  "t.tune:1: error: fp8 (dtype e4m3): stages must be >= 2, fit 227 KB of shared memory and hold the "
                  "down GEMM's output tile");
     expect_error("x 2 4096 12288 bf16 sm_90a 1024 64 128 64 5 1 4 tile 1 2 2026-12-02 H200\n",
-                 "t.tune:1: error: E must be an integer 1..65536 ('x')");
+                 "t.tune:1: error: an entry starts with E (an integer) or with a backward GEMM's name (dgrad_down, "
+                 "dgrad_up, wgrad_up, wgrad_down) ('x')");
+    expect_error("0 2 4096 12288 bf16 sm_90a 1024 64 128 64 5 1 4 tile 1 2 2026-12-02 H200\n",
+                 "t.tune:1: error: E must be an integer 1..65536 ('0')");
     expect_error("8 2 4096 12288 bf16 sm_80 1024 64 128 64 5 1 4 tile 1 2 2026-12-02 H200\n",
                  "t.tune:1: error: arch must be sm_90a (the only tuned arch) ('sm_80')");
     expect_error("\n8 2 4096 12288 bf16 sm_90a 1024 128 256 64 6 2 4 tile 1 2 2026-12-02 H200\n",
