@@ -38,38 +38,43 @@ typedef struct {
     int bm, bn, stages, group_m;
     int splitk, gemv;
     int persist;            /* an fp8 job: the persistent grid instead of one CTA per tile */
+    const char *table;      /* a tuning table to plan under instead (its backward entries: tests/tune/bwd*.tune) */
 } pingpong_job_t;
 static const pingpong_job_t pingpong_jobs[] = {
-    {"examples/specs/mixtral-8x7b.moe", NULL, 64, 256, 4, 8, 0, 0, 0},
-    {"examples/specs/qwen3-30b-a3b.moe", NULL, 128, 128, 4, 16, 0, 0, 0},
-    {"examples/specs/deepseek-v3-ep8.moe", NULL, 64, 256, 4, 8, 0, 0, 0},
-    {"examples/specs/gpt-oss-120b.moe", NULL, 128, 128, 4, 8, 0, 0, 0},  /* biases, clamped SwiGLU, N tails */
-    {"tests/specs/apply_input_k2.moe", NULL, 64, 256, 3, 4, 0, 0, 0},    /* biases, N tails of both GEMMs */
-    {"tests/specs/geglu.moe", NULL, 128, 64, 6, 8, 0, 0, 0},
-    {SMALL, "dtype=fp16", 64, 128, 6, 8, 0, 0, 0},
-    {"examples/specs/qwen3-30b-a3b.moe", NULL, 64, 128, 6, 8, 16, 0, 0},
-    {"examples/specs/mixtral-8x7b.moe", NULL, 64, 256, 4, 8, 8, 0, 0},
-    {"examples/specs/gpt-oss-120b.moe", NULL, 128, 128, 4, 8, 5, 0, 0}, /* biases, clamped SwiGLU, N tails */
-    {"tests/specs/apply_input_k2.moe", NULL, 64, 256, 3, 4, 3, 0, 0},   /* biases, N tails; 5 and 3 k tiles */
-    {"tests/specs/geglu.moe", NULL, 128, 64, 6, 8, 2, 0, 0},
-    {SMALL, "dtype=fp16", 64, 128, 6, 8, 4, 0, 0},
-    {"examples/specs/qwen3-30b-a3b.moe", NULL, 64, 32, 2, 1, 0, 1, 0},
-    {"examples/specs/mixtral-8x7b.moe", NULL, 64, 64, 2, 1, 0, 1, 0},      /* down: K 14336 in 4 staged passes */
-    {"examples/specs/deepseek-v3-ep8.moe", NULL, 64, 128, 4, 1, 0, 1, 0},  /* up: K 7168 in 2 */
-    {"examples/specs/gpt-oss-120b.moe", NULL, 128, 64, 1, 1, 0, 1, 0},     /* biases, clamped SwiGLU, N tails */
-    {"tests/specs/apply_input_k2.moe", NULL, 64, 256, 4, 1, 0, 1, 0},      /* biases, N tails of both GEMMs */
-    {"tests/specs/geglu.moe", NULL, 64, 32, 1, 1, 0, 1, 0},
-    {SMALL, "dtype=fp16", 128, 64, 2, 1, 0, 1, 0},
+    {"examples/specs/mixtral-8x7b.moe", NULL, 64, 256, 4, 8, 0, 0, 0, NULL},
+    {"examples/specs/qwen3-30b-a3b.moe", NULL, 128, 128, 4, 16, 0, 0, 0, NULL},
+    {"examples/specs/deepseek-v3-ep8.moe", NULL, 64, 256, 4, 8, 0, 0, 0, NULL},
+    {"examples/specs/gpt-oss-120b.moe", NULL, 128, 128, 4, 8, 0, 0, 0, NULL},  /* biases, clamped SwiGLU, N tails */
+    {"tests/specs/apply_input_k2.moe", NULL, 64, 256, 3, 4, 0, 0, 0, NULL},    /* biases, N tails of both GEMMs */
+    {"tests/specs/geglu.moe", NULL, 128, 64, 6, 8, 0, 0, 0, NULL},
+    {SMALL, "dtype=fp16", 64, 128, 6, 8, 0, 0, 0, NULL},
+    {"examples/specs/qwen3-30b-a3b.moe", NULL, 64, 128, 6, 8, 16, 0, 0, NULL},
+    {"examples/specs/mixtral-8x7b.moe", NULL, 64, 256, 4, 8, 8, 0, 0, NULL},
+    {"examples/specs/gpt-oss-120b.moe", NULL, 128, 128, 4, 8, 5, 0, 0, NULL}, /* biases, clamped SwiGLU, N tails */
+    {"tests/specs/apply_input_k2.moe", NULL, 64, 256, 3, 4, 3, 0, 0, NULL},   /* biases, N tails; 5 and 3 k tiles */
+    {"tests/specs/geglu.moe", NULL, 128, 64, 6, 8, 2, 0, 0, NULL},
+    {SMALL, "dtype=fp16", 64, 128, 6, 8, 4, 0, 0, NULL},
+    {"examples/specs/qwen3-30b-a3b.moe", NULL, 64, 32, 2, 1, 0, 1, 0, NULL},
+    {"examples/specs/mixtral-8x7b.moe", NULL, 64, 64, 2, 1, 0, 1, 0, NULL},      /* down: K 14336 in 4 staged passes */
+    {"examples/specs/deepseek-v3-ep8.moe", NULL, 64, 128, 4, 1, 0, 1, 0, NULL},  /* up: K 7168 in 2 */
+    {"examples/specs/gpt-oss-120b.moe", NULL, 128, 64, 1, 1, 0, 1, 0, NULL},     /* biases, clamped SwiGLU, N tails */
+    {"tests/specs/apply_input_k2.moe", NULL, 64, 256, 4, 1, 0, 1, 0, NULL},      /* biases, N tails of both GEMMs */
+    {"tests/specs/geglu.moe", NULL, 64, 32, 1, 1, 0, 1, 0, NULL},
+    {SMALL, "dtype=fp16", 128, 64, 2, 1, 0, 1, 0, NULL},
     /* fp8 specs under an entry of dtype e4m3: two consumer warpgroups of 64 rows (bm 128), bk 128, bn 256 */
-    {"examples/specs/fp8/qwen3-30b-a3b-fp8.moe", NULL, 128, 256, 4, 8, 0, 0, 0},   /* block scales */
-    {"examples/specs/fp8/mixtral-8x7b-fp8.moe", NULL, 128, 256, 3, 8, 0, 0, 0},    /* channel scales */
+    {"examples/specs/fp8/qwen3-30b-a3b-fp8.moe", NULL, 128, 256, 4, 8, 0, 0, 0, NULL},   /* block scales */
+    {"examples/specs/fp8/mixtral-8x7b-fp8.moe", NULL, 128, 256, 3, 8, 0, 0, 0, NULL},    /* channel scales */
     /* and on the persistent grid: one consumer, two */
-    {"examples/specs/fp8/mixtral-8x7b-fp8.moe", NULL, 64, 256, 4, 8, 0, 0, 1},
-    {"examples/specs/fp8/qwen3-30b-a3b-fp8.moe", NULL, 128, 256, 4, 8, 0, 0, 1},
+    {"examples/specs/fp8/mixtral-8x7b-fp8.moe", NULL, 64, 256, 4, 8, 0, 0, 1, NULL},
+    {"examples/specs/fp8/qwen3-30b-a3b-fp8.moe", NULL, 128, 256, 4, 8, 0, 0, 1, NULL},
     /* and on the gemv grid (its fp8 device code): the up GEMM's clusters of 8, 4 and 1 CTAs */
-    {"examples/specs/fp8/qwen3-30b-a3b-fp8.moe", NULL, 64, 32, 2, 1, 0, 1, 0},     /* block scales */
-    {"examples/specs/fp8/mixtral-8x7b-fp8.moe", NULL, 64, 64, 4, 1, 0, 1, 0},      /* channel; down K in 2 passes */
-    {"examples/specs/fp8/deepseek-v3-ep8-fp8.moe", NULL, 128, 256, 1, 1, 0, 1, 0}, /* bn 256: no cluster */
+    {"examples/specs/fp8/qwen3-30b-a3b-fp8.moe", NULL, 64, 32, 2, 1, 0, 1, 0, NULL},     /* block scales */
+    {"examples/specs/fp8/mixtral-8x7b-fp8.moe", NULL, 64, 64, 4, 1, 0, 1, 0, NULL},      /* channel; down K in 2 passes */
+    {"examples/specs/fp8/deepseek-v3-ep8-fp8.moe", NULL, 128, 256, 1, 1, 0, 1, 0, NULL}, /* bn 256: no cluster */
+    /* the backward GEMMs on the tuning tables' backward entries (test_bwd_gpu runs them) */
+    {"tests/specs/train_softmax.moe", NULL, 0, 0, 0, 0, 0, 0, 0, "tests/tune/bwd.tune"},
+    {"tests/specs/train_softmax_hgrad.moe", NULL, 0, 0, 0, 0, 0, 0, 0, "tests/tune/bwd2.tune"},
+    {"tests/specs/train_gptoss.moe", NULL, 0, 0, 0, 0, 0, 0, 0, "tests/tune/bwd.tune"},
 };
 #define NPINGPONG ((int)(sizeof pingpong_jobs / sizeof *pingpong_jobs))
 
@@ -86,6 +91,21 @@ static int job_plan(const char *spec, const pingpong_job_t *pp, const moe_overri
     moe_diag_t d;
     if (moe_spec_load(&s, spec, NULL, o, no, &d))
         return snprintf(msg, n, "%s", d.msg), 1;
+    if (pp->table) { /* the table's backward entries: every backward GEMM on its entry's tile */
+        static moe_tuning_t tab; /* the plan keeps pointers into it (one job per child process) */
+        if (moe_tuning_load(&tab, pp->table, &d))
+            return snprintf(msg, n, "%s", d.msg), 1;
+        if (moe_plan_desc_build(pd, &s, &tab, msg, n))
+            return 1;
+        const moe_tuning_entry_t *cap = moe_tuning_find(&tab, &s, MOE_ARCH_SM90A);
+        for (int i = 0; i < MOE_BGEMM_COUNT; i++) {
+            const moe_tuning_entry_t *b = moe_tuning_find_bgemm(&tab, cap, MOE_K_BGEMM_FIRST + i);
+            const moe_tile_cfg_t *t = &moe_plan_bgemm(pd, MOE_ARCH_SM90A)[i].tile;
+            if (!b || t->bm != b->bm || t->bn != b->bn || t->stages != b->stages || t->consumers != b->consumers)
+                return snprintf(msg, n, "%s: backward GEMM %d is not on %s's entry", spec, i, pp->table), 1;
+        }
+        return 0;
+    }
     static moe_tuning_entry_t e; /* the plan keeps a pointer (one job per child process) */
     static moe_tuning_t one;
     const int fp8 = moe_spec_fp8(&s); /* an e4m3 entry: bm / 64 consumers on one tile, one CTA per tile */
@@ -338,6 +358,10 @@ static void test_nvrtc_all(void) {
         } else {
             const pingpong_job_t *pp = &pingpong_jobs[job_pp[j]];
             char grid[16] = "pingpong";
+            if (pp->table) {
+                snprintf(label, sizeof label, "NVRTC %s sm_90a under %s (its backward entries)", pp->path, pp->table);
+                goto labelled;
+            }
             const int fp8 = strstr(pp->path, "fp8") != NULL; /* examples/specs/fp8/: an e4m3 entry (job_plan) */
             if (pp->splitk)
                 snprintf(grid, sizeof grid, "splitk%d", pp->splitk);
@@ -349,6 +373,7 @@ static void test_nvrtc_all(void) {
                      pp->set ? " " : "", pp->set ? pp->set : "", grid, pp->bm, pp->bn, fp8 && !pp->gemv ? 128 : 64, pp->stages,
                      pp->group_m);
         }
+    labelled:
         CASE(label);
         CHECKF(got == sizeof r && WIFEXITED(st) && WEXITSTATUS(st) == 0, "the compile process failed (status %d)",
                st);

@@ -1311,6 +1311,33 @@ int main(void) {
         }
     }
 
+    CASE("backward entries complete the entry of the spec's tokens, also where the plan merged it into an "
+         "earlier bucket's identical variant");
+    {
+        const char *mt = "12 2 264 136 bf16 sm_90a 1  64 256 64 4 2 8 pingpong  1 2 2026-12-07 G\n"
+                         "12 2 264 136 bf16 sm_90a 512  64 256 64 4 2 8 pingpong  1 2 2026-12-07 G\n"
+                         "dgrad_down 12 2 264 136 bf16 sm_90a 512  64 128 64 6 2 8 pingpong  1 2 2026-12-07 G\n"
+                         "wgrad_up 12 2 264 136 bf16 sm_90a 1  64 256 64 4 1 8 persist  1 2 2026-12-07 G\n";
+        moe_tuning_t mtab;
+        moe_diag_t md;
+        CHECKF(parse(&mtab, mt, &md) == 0, "%s", md.msg);
+        moe_plan_desc_t mp = {0};
+        CHECK(plan_of(&mp, "name='m'\nexperts=12\ntop_k=2\nhidden=264\nffn=136\ntokens=1024\ntraining=true\n",
+                      &mtab) == 0);
+        CHECK(mp.nvariants == 1 && mp.tuned == &mtab.e[0]); /* the 512 bucket merged into the 1 bucket's */
+        const moe_kernel_desc_t *bg = mp.has_bwd ? moe_plan_bgemm(&mp, MOE_ARCH_SM90A) : NULL;
+        CHECK(bg && strcmp(bg[0].name, "m_dgrad_down_bf16_sm90a_tma_pingpong_m64n128k64s6c2g8") == 0);
+        /* the 1 bucket's wgrad_up entry is not the 1024-token plan's: the heuristics' tile */
+        CHECK(bg && strcmp(bg[2].name, "m_wgrad_up_bf16_sm90a_tma_persist_m128n256k64s3c2g8") == 0);
+        CHECK(plan_of(&mp, "name='m'\nexperts=12\ntop_k=2\nhidden=264\nffn=136\ntokens=100\ntraining=true\n",
+                      &mtab) == 0);
+        bg = mp.has_bwd ? moe_plan_bgemm(&mp, MOE_ARCH_SM90A) : NULL;
+        CHECK(bg && strcmp(bg[0].name, "m_dgrad_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8") == 0);
+        CHECK(bg && strcmp(bg[2].name, "m_wgrad_up_bf16_sm90a_tma_persist_m64n256k64s4c1g8") == 0);
+        moe_plan_desc_free(&mp);
+        moe_tuning_free(&mtab);
+    }
+
     CASE("moegen tune -o: a replaced forward entry drops the backward entries completing it, keeps the others'");
     {
         char dir[] = "/tmp/moegen_tune_bwd.XXXXXX", path[256], buf[4096];
