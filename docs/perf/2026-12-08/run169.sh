@@ -6,7 +6,7 @@
 #       then the sm_80 kernel set on this 9.0 GPU (MOEGEN_ARCH=sm_80): test_gpu <= 64 tokens, test_bwd_gpu
 #       train_softmax + hgrad
 #   s/  moe_bench --backward at 4096 tokens, dtype gradients, Qwen3 / Mixtral / the EP8 rank, under the embedded
-#       table and under it + bwd_S1..S4.lines (backward entries at the 16384 bucket); compare_torch --backward
+#       table and under it + bwd_S1..S5.lines (backward entries at the 16384 bucket); compare_torch --backward
 set -u
 BUDGET=${1:-540}
 P=$((BUDGET / 3)); T=$((BUDGET / 3))
@@ -39,12 +39,12 @@ MOEGEN_ARCH=sm_80 MOEGEN_CUDNN=off timeout 40 stdbuf -oL -eL build/r169/test_bwd
 echo "test_bwd_gpu sm_80: exit $? ($SECONDS s)" >> "$OUT/t/rc.txt"
 wait
 B=build/r169
-for s in S1 S2 S3 S4; do cat tuning/h200.tune $D/bwd_$s.lines > /tmp/$s.tune; done
+for s in S1 S2 S3 S4 S5; do cat tuning/h200.tune $D/bwd_$s.lines > /tmp/$s.tune; done
 for sp in qwen3-30b-a3b mixtral-8x7b deepseek-v3-ep8; do
     { cat examples/specs/$sp.moe; echo "training = true"; echo 'weight_grads = "dtype"'; } > /tmp/th_$sp.moe
 done
 # round-robin over the tables so a late stop still leaves every spec with the default and some candidates
-for tab in default S1 S2 S3 S4; do
+for tab in default S1 S2 S3 S4 S5; do
     for sp in qwen3-30b-a3b mixtral-8x7b deepseek-v3-ep8; do
         [ $SECONDS -le $((BUDGET - 60)) ] || break 2
         echo "== $tab $sp" >> "$OUT/s/sweep.log"
