@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Run 169 (thirtieth session): HEAD's unrun GPU tests, then the backward GEMMs' tiles from the tuning table.
 # carry ["build/r169"] (main with backward tuning entries; build/r169 = /work/mkr.sh build r169). BUDGET ($1, 540) s.
-#   t/  test_bwd_gpu whole (with the bwd.tune / bwd2.tune cases: the backward entries' tiles against the CPU
-#       reference), beside py/: test_torch_gpu.py whole on the C++ ops and test_jax_gpu.py (train_hgrad);
+#   t/  test_bwd_gpu whole, as two processes (the cases, with bwd.tune / bwd2.tune's: the backward entries' tiles
+#       against the CPU reference, EP and FSDP; the example specs), beside py/: test_torch_gpu.py whole on the C++ ops and test_jax_gpu.py (train_hgrad);
 #       then the sm_80 kernel set on this 9.0 GPU (MOEGEN_ARCH=sm_80): test_gpu <= 64 tokens, test_bwd_gpu
 #       train_softmax + hgrad
 #   s/  moe_bench --backward at 4096 tokens, dtype gradients, Qwen3 / Mixtral / the EP8 rank, under the embedded
@@ -29,8 +29,11 @@ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader >
   MOEGEN_LIBRARY=$PWD/build/libmoegen.so timeout $P python3 python/tests/test_jax_gpu.py \
       > "$OUT/py/test_jax_gpu.log" 2>&1
   echo "test_jax_gpu: exit $? ($SECONDS s)" >> "$OUT/py/rc.txt"; } &
-timeout $T stdbuf -oL -eL build/r169/test_bwd_gpu > "$OUT/t/test_bwd_gpu.log" 2>&1
-echo "test_bwd_gpu: exit $? ($SECONDS s)" >> "$OUT/t/rc.txt"
+# test_bwd_gpu whole in two processes side by side: the cases (bwd.tune's too), EP and FSDP; the example specs
+{ timeout $T stdbuf -oL -eL build/r169/test_bwd_gpu examples > "$OUT/t/test_bwd_gpu_examples.log" 2>&1
+  echo "test_bwd_gpu examples: exit $? ($SECONDS s)" >> "$OUT/t/rc.txt"; } &
+timeout $T stdbuf -oL -eL build/r169/test_bwd_gpu tests/specs ep fsdp > "$OUT/t/test_bwd_gpu.log" 2>&1
+echo "test_bwd_gpu cases ep fsdp: exit $? ($SECONDS s)" >> "$OUT/t/rc.txt"
 MOEGEN_ARCH=sm_80 MOEGEN_CUDNN=off timeout 40 stdbuf -oL -eL build/r169/test_gpu --tokens-max 64 qwen3-30b mixtral \
     gpt-oss-20b > "$OUT/t/test_gpu_sm80.log" 2>&1
 echo "test_gpu sm_80 (<= 64 tokens): exit $? ($SECONDS s)" >> "$OUT/t/rc.txt"
