@@ -10,7 +10,7 @@
 set -u
 BUDGET=${1:-540}
 P=$((BUDGET / 3)); T=$((BUDGET / 3))
-D=docs/perf/2026-12-08
+D=docs/perf/2026-12-07
 mkdir -p "$OUT/py" "$OUT/t" "$OUT/s"
 export MOEGEN_CACHE_DIR=/tmp/moegen_cache NCCL_NVLS_ENABLE=0
 . bench/gpu_env.sh
