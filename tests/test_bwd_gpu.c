@@ -891,8 +891,9 @@ static void run_case(const bwd_case_t *c, uint64_t seed, const char *cache) {
         return;
     }
     char label[200];
-    snprintf(label, sizeof label, "%s/%s/%s%s", L.s.name, moe_dtype_name(L.s.dtype),
-             c->recompute ? "recompute" : "save", c->graph ? "/graph" : "");
+    snprintf(label, sizeof label, "%s/%s/%s%s%s%s", L.s.name, moe_dtype_name(L.s.dtype),
+             c->recompute ? "recompute" : "save", c->graph ? "/graph" : "", c->tuning ? " under " : "",
+             c->tuning ? c->tuning : "");
     CASE(label);
     moe_options o = {.cache_dir = cache, .tuning_path = c->tuning};
     moe_status st = moe_plan_create(&L.plan, c->spec, &o);
