@@ -504,11 +504,14 @@ static int bench_backward(const moe_plan *plan, const moe_forward_args *base, co
     const int gated = sp->shared.ffn && sp->shared.gate == MOE_SHARED_GATE_SIGMOID;
     printf("\nbackward: %s, weight gradients %s; forward, training forward, backward (recompute_u 0 / 1); each after "
            "an L2 flush\n", sp->name, sp->weight_grads == MOE_WGRADS_DTYPE ? moe_dtype_name(dt) : "fp32");
-    printf("%-7s %-9s %9s %9s %9s %9s %9s %9s\n", "tokens", "recompute", "fwd ms", "trainfwd", "bwd ms", "bwd/fwd",
-           "bwd TF/s", "x dense");
     moe_plan_info info = MOE_PLAN_INFO_INIT; /* the weight gradient's element bytes, for the wgrads' floors */
     const double w = (double)S * H * F,
                  gb = moe_plan_get_info(plan, &info) == MOE_OK ? (double)info.weight_grad_bytes : 4;
+    if (info.backward_kernels[0]) /* their tiles: the tuning table's backward entries or the heuristics' */
+        printf("backward gemms: %s, %s, %s, %s\n", info.backward_kernels[0], info.backward_kernels[1],
+               info.backward_kernels[2], info.backward_kernels[3]);
+    printf("%-7s %-9s %9s %9s %9s %9s %9s %9s\n", "tokens", "recompute", "fwd ms", "trainfwd", "bwd ms", "bwd/fwd",
+           "bwd TF/s", "x dense");
     for (int i = 0; i < ntok; i++) {
         const int T = tokens[i];
         if (T < 1 || (size_t)T > Tmax)

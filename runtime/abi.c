@@ -57,7 +57,7 @@ static const abi_field info_fields[] = {
     FIELD(moe_plan_info, cudnn_version), FIELD(moe_plan_info, gather_bytes),
     FIELD(moe_plan_info, route_fuse),  FIELD(moe_plan_info, pdl),
     FIELD(moe_plan_info, gather),      FIELD(moe_plan_info, pair_clusters),
-    FIELD(moe_plan_info, weight_grad_bytes), {0}};
+    FIELD(moe_plan_info, weight_grad_bytes), FIELD(moe_plan_info, backward_kernels), {0}};
 
 static const abi_field pack_src_fields[] = {
     FIELD(moe_pack_src, ptr), FIELD(moe_pack_src, expert), FIELD(moe_pack_src, row), FIELD(moe_pack_src, col), {0}};

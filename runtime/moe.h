@@ -593,6 +593,9 @@ typedef struct {
                                      is twice it at most); 0 = the plan has none */
     int weight_grad_bytes;        /* bytes of an element of moe_backward's dw1p and dw2: 4 (fp32) or 2 (the
                                      dtype: spec weight_grads = "dtype"); 0 for a plan without training */
+    const char *backward_kernels[4]; /* the backward GEMMs on the plan's arch: dgrad_down, dgrad_up, wgrad_up,
+                                        wgrad_down (their names spell the tiles: the tuning table's backward
+                                        entries or the heuristics'); NULL for a plan without training */
 } moe_plan_info;
 #ifdef __cplusplus
 #define MOE_PLAN_INFO_INIT {sizeof(moe_plan_info)}

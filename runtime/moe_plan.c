@@ -776,6 +776,8 @@ moe_status moe_plan_get_info(const moe_plan *p, moe_plan_info *info) {
                             .weight_grad_bytes = s->training ? moe_wgrad_elem_bytes(s) : 0};
     for (int i = 0; i < MOE_K_COUNT; i++)
         full.kernels[i] = p->launcher.kernels[i].name;
+    for (int i = 0; p->launcher.bgemm && i < MOE_BGEMM_COUNT; i++)
+        full.backward_kernels[i] = p->launcher.bgemm[i].name;
     /* only the bytes the caller's moe.h declares */
     return moe_struct_out(info, &full, sizeof full, MOE_PLAN_INFO_V1_SIZE, "moe_plan_info");
 }

@@ -901,6 +901,15 @@ static void run_case(const bwd_case_t *c, uint64_t seed, const char *cache) {
         CHECKF(moe_plan_variant_count(L.plan) == c->variants, "%d GEMM variants from %s; %d planned",
                moe_plan_variant_count(L.plan), c->tuning, c->variants);
     CHECKF(st == MOE_OK, "moe_plan_create: %s: %s", moe_status_string(st), moe_last_error());
+    if (st == MOE_OK) { /* moe_plan_info names the backward GEMMs the plan loaded, in stage order */
+        moe_plan_info info = MOE_PLAN_INFO_INIT;
+        static const char *const stage[4] = {"_dgrad_down_", "_dgrad_up_", "_wgrad_up_", "_wgrad_down_"};
+        CHECK(moe_plan_get_info(L.plan, &info) == MOE_OK);
+        for (int k = 0; k < 4; k++)
+            CHECKF(info.backward_kernels[k] && strstr(info.backward_kernels[k], stage[k]),
+                   "moe_plan_info.backward_kernels[%d] = %s", k,
+                   info.backward_kernels[k] ? info.backward_kernels[k] : "NULL");
+    }
     uint64_t rng = seed;
     if (st == MOE_OK && !layer_init(&L, &rng))
         CHECKF(0, "cannot set up the layer (host or device memory)");

@@ -72,7 +72,7 @@ class PlanInfo(ctypes.Structure):
                 ("ep_rank", c_int), ("fsdp", c_int), ("fsdp_rank", c_int), ("stored", c_int), ("held", c_int),
                 ("dispatch_capacity", c_int), ("cudnn_version", c_int), ("gather_bytes", ctypes.c_longlong),
                 ("route_fuse", c_int), ("pdl", c_int), ("gather", c_int), ("pair_clusters", c_int),
-                ("weight_grad_bytes", c_int)]
+                ("weight_grad_bytes", c_int), ("backward_kernels", c_char_p * 4)]
 
 
 class PackSrc(ctypes.Structure):
