@@ -2,11 +2,12 @@
  * first byte, then the spec's bytes up to the first "\n--set\n" line, then
  * one KEY=VALUE override per line (at most FUZZ_MAX_OVR). The first byte's
  * bit 0 is fuzz_spec's read mode (clear: as text, set: from a file) and
- * bits 1-4 the tuning table the spec is planned under: 0 the embedded one,
+ * bits 1-5 the tuning table the spec is planned under: 0 the embedded one,
  * 1..FUZZ_TABLES tests/tune's tables (FUZZ_TUNE_DIR, the Makefile's path to
  * them; the values above it the embedded one too), so the variant, split-K,
- * gemv, gemv4, stream, chain, row-block, CTA-pair and fp8 planning paths
- * (fp8's tile, persistent, pair and gemv grids) are reached too. */
+ * gemv, gemv4, stream, chain, row-block, CTA-pair, fp8 (fp8's tile,
+ * persistent, pair and gemv grids) and backward-entry planning paths are
+ * reached too. */
 #ifndef MOEGEN_FUZZ_INPUT_H
 #define MOEGEN_FUZZ_INPUT_H
 
@@ -41,7 +42,7 @@ static inline int fuzz_input_split(fuzz_input_t *in, const uint8_t *data, size_t
     if (size < 1 || size > (1 << 16))
         return 1;
     in->from_file = data[0] & 1;
-    in->table = (data[0] >> 1) & 15;
+    in->table = (data[0] >> 1) & 31;
     data++, size--;
     in->buf = malloc(size + 1);
     if (!in->buf)
@@ -78,15 +79,16 @@ static inline void fuzz_input_free(fuzz_input_t *in) {
 /* Table i (0: the embedded one; 1..FUZZ_TABLES tests/tune's, loaded once); a
  * table that does not load falls back to the embedded one, said once on
  * stderr. The Makefile's fuzz target reads FUZZ_TABLES from this line to seed
- * a corpus entry per table, so the count has one home: here (at most 15: the
- * first byte's bits 1-4). */
-#define FUZZ_TABLES 15
+ * a corpus entry per table, so the count has one home: here (at most 31: the
+ * first byte's bits 1-5). */
+#define FUZZ_TABLES 17
 static inline const moe_tuning_t *fuzz_tuning_of(int i) {
     static const char *const names[] = {"fp8", "gemv", "persist", "pingpong", "splitk", "tile", "variants", "fp8p",
-                                        "gemv8", "stream", "chain", "gemv4", "rowblock", "pairs", "fp8pairs"};
+                                        "gemv8", "stream", "chain", "gemv4", "rowblock", "pairs", "fp8pairs", "bwd",
+                                        "bwd2"};
     enum { N = sizeof names / sizeof *names };
     _Static_assert(N == FUZZ_TABLES, "FUZZ_TABLES counts the names");
-    _Static_assert(FUZZ_TABLES <= 15, "the first byte's bits 1-4 name the table");
+    _Static_assert(FUZZ_TABLES <= 31, "the first byte's bits 1-5 name the table");
     static moe_tuning_t tables[N];
     static int ok[N], loaded;
     if (!loaded) {
