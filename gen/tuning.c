@@ -264,8 +264,9 @@ const moe_tuning_entry_t *moe_tuning_find(const moe_tuning_t *t, const moe_spec_
 
 /* Whether forward entry e is for s's shape on arch, at a bucket <= tokens. */
 static int applies(const moe_tuning_entry_t *e, const moe_spec_t *s, moe_arch_t arch, int tokens) {
-    return e->stage == 0 && e->experts == s->experts && e->top_k == s->top_k && e->hidden == s->hidden && e->ffn == s->ffn &&
-           e->dtype == s->dtype && e->fp8 == moe_spec_fp8(s) && e->arch == arch && e->tokens <= tokens;
+    return e->stage == 0 && e->experts == s->experts && e->top_k == s->top_k && e->hidden == s->hidden &&
+           e->ffn == s->ffn && e->dtype == s->dtype && e->fp8 == moe_spec_fp8(s) && e->arch == arch &&
+           e->tokens <= tokens;
 }
 
 const moe_tuning_entry_t *moe_tuning_find_tokens(const moe_tuning_t *t, const moe_spec_t *s, moe_arch_t arch,
