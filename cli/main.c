@@ -414,6 +414,19 @@ static int cmd_plan(const args_t *a) {
                    a->table->file, te->line, te->tokens, te->best_us, te->runner_up_us, te->date, te->gpu);
         else
             printf("sm_90a GEMM tiles: heuristics (no entry in %s)\n", a->table->file);
+        if (bg) { /* the backward entries completing the entry of the spec's tokens (docs/tuning.md) */
+            const moe_tuning_entry_t *cap = moe_tuning_find(a->table, &plan.spec, MOE_ARCH_SM90A);
+            printf("backward GEMM tiles:");
+            for (int i = 0; i < MOE_BGEMM_COUNT; i++) {
+                const moe_tuning_entry_t *b = moe_tuning_find_bgemm(a->table, cap, MOE_K_BGEMM_FIRST + i);
+                const char *name = moe_family((moe_kfamily_t)(MOE_K_BGEMM_FIRST + i))->name;
+                if (b)
+                    printf("%s %s %s:%d", i ? "," : "", name, a->table->file, b->line);
+                else
+                    printf("%s %s heuristics", i ? "," : "", name);
+            }
+            printf("\n");
+        }
         if (plan.nvariants > 1) { /* docs/tuning.md, "Variants per call size" */
             printf("GEMM variants (a call of T tokens runs the one with the largest bucket <= T; the kernels "
                    "above are the last's):\n");
