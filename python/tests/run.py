@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Run the package's CPU tests (test_core, test_torch_cpu, test_jax_cpu; the
+"""Run the package's CPU tests (test_core, test_torch_cpu, test_jax_cpu, and
+test_tune_backward for bench/tune_backward.py; the
 torch and jax ones skip without torch or jax) and close with the house's summary line,
 "test_python: N passed, N failed, N skipped", as tests/run.sh reads it.
 `make test` runs it with $MOEGEN_LIBRARY naming the build's libmoegen.so.
@@ -16,7 +17,7 @@ import unittest
 
 here = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, here)
-names = sys.argv[1:] or ["test_core", "test_torch_cpu", "test_jax_cpu"]
+names = sys.argv[1:] or ["test_core", "test_torch_cpu", "test_jax_cpu", "test_tune_backward"]
 suite = unittest.defaultTestLoader.loadTestsFromNames(names)
 log = io.StringIO()
 result = unittest.TextTestRunner(stream=log, verbosity=2).run(suite)
