@@ -178,10 +178,9 @@ def main(argv):
     nrounds = max(len(c) for c in cands.values())
     if a.rounds:
         nrounds = min(nrounds, a.rounds)
-    rounds, tiles_of = [], []
+    rounds = []
     for i in range(nrounds + 1):
         lines = [] if i == 0 else [line_of(st, cands[st][i - 1]) for st in STAGES if i <= len(cands[st])]
-        tiles_of.append({st: cands[st][i - 1] for st in STAGES if 0 < i <= len(cands[st])})
         path = table_with(lines, "round%d.tune" % i)
         r = subprocess.run([a.bench, a.spec, "--backward", "--tokens", str(a.tokens), "--iters", str(a.iters)],
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True,
@@ -202,7 +201,7 @@ def main(argv):
     for st in STAGES:
         if st in picks:
             i, ms, base_ms = picks[st]
-            print(line_of(st, tiles_of[i][st], "%.1f" % (ms * 1000), "%.1f" % (base_ms * 1000), today, gpu) +
+            print(line_of(st, cands[st][i - 1], "%.1f" % (ms * 1000), "%.1f" % (base_ms * 1000), today, gpu) +
                   "  # tune_backward.py at %d tokens" % a.tokens)
         else:
             sys.stderr.write("tune_backward: %s: round 0's tile stays (no candidate %.1f %% faster)\n" % (

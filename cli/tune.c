@@ -231,11 +231,12 @@ int moe_tune_write_table(const char *path, const moe_spec_t *s, const int *tok, 
         /* a backward entry (its stage's name first) completes the forward entry it follows: a replaced
          * forward entry drops its backward ones too (chosen under its row block) */
         const char *body = p;
-        for (int f = MOE_K_BGEMM_FIRST; f < MOE_K_BGEMM_FIRST + MOE_BGEMM_COUNT; f++) {
-            const char *name = moe_family((moe_kfamily_t)f)->name;
-            if (strncmp(p, name, strlen(name)) == 0 && (p[strlen(name)] == ' ' || p[strlen(name)] == '\t'))
-                for (body = p + strlen(name); *body == ' ' || *body == '\t';)
-                    body++;
+        char word[16];
+        const size_t wl = strcspn(p, " \t\n");
+        if (wl < sizeof word && p[wl] != '\n' && p[wl]) {
+            memcpy(word, p, wl), word[wl] = 0;
+            if (moe_bgemm_family(word) >= 0)
+                body = p + wl + strspn(p + wl, " \t");
         }
         int drop = 0;
         for (int i = 0; i < ntok; i++) {

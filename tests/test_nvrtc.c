@@ -355,13 +355,12 @@ static void test_nvrtc_all(void) {
         char label[400];
         if (job_pp[j] < 0) {
             snprintf(label, sizeof label, "NVRTC %s %s", specs[job_spec[j]], moe_arch_name(arches[job_arch[j]]));
+        } else if (pingpong_jobs[job_pp[j]].table) {
+            const pingpong_job_t *pp = &pingpong_jobs[job_pp[j]];
+            snprintf(label, sizeof label, "NVRTC %s sm_90a under %s (its backward entries)", pp->path, pp->table);
         } else {
             const pingpong_job_t *pp = &pingpong_jobs[job_pp[j]];
             char grid[16] = "pingpong";
-            if (pp->table) {
-                snprintf(label, sizeof label, "NVRTC %s sm_90a under %s (its backward entries)", pp->path, pp->table);
-                goto labelled;
-            }
             const int fp8 = strstr(pp->path, "fp8") != NULL; /* examples/specs/fp8/: an e4m3 entry (job_plan) */
             if (pp->splitk)
                 snprintf(grid, sizeof grid, "splitk%d", pp->splitk);
@@ -373,7 +372,6 @@ static void test_nvrtc_all(void) {
                      pp->set ? " " : "", pp->set ? pp->set : "", grid, pp->bm, pp->bn, fp8 && !pp->gemv ? 128 : 64, pp->stages,
                      pp->group_m);
         }
-    labelled:
         CASE(label);
         CHECKF(got == sizeof r && WIFEXITED(st) && WEXITSTATUS(st) == 0, "the compile process failed (status %d)",
                st);

@@ -50,6 +50,16 @@ static int kernel_has(const char *src, const char *name, const char *text) {
     return hit && hit < end;
 }
 
+/* The text of the file at path in buf (cap bytes, 0-terminated); its length, 0 when it cannot be read. */
+static size_t read_back(const char *path, char *buf, size_t cap) {
+    FILE *f = fopen(path, "r");
+    const size_t n = f ? fread(buf, 1, cap - 1, f) : 0;
+    buf[n] = 0;
+    if (f)
+        fclose(f);
+    return n;
+}
+
 static void expect_error(const char *text, const char *msg) {
     moe_tuning_t t;
     moe_diag_t d = {{0}};
@@ -1116,11 +1126,7 @@ int main(void) {
         char lines[2][256] = {"8 2 4096 14336 bf16 sm_90a 1  64 64 64 2 1 1 gemv  150.0 151.0 2026-12-06 GPU",
                               "8 2 4096 14336 bf16 sm_90a 128  64 256 64 4 2 8 pingpong  689.5 689.7 2026-12-06 GPU"};
         CHECK(moe_tune_write_table(path, &sp, tok, 2, lines) == 0);
-        f = fopen(path, "r");
-        size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
-        buf[n] = 0;
-        if (f)
-            fclose(f);
+        size_t n = read_back(path, buf, sizeof buf);
         CHECKF(strcmp(buf, "# a comment\n"
                            "8 2 4096 14336 bf16 sm_90a 512  64 256 64 4 2 8 pingpong  892.8 903.6 2026-12-04 NVIDIA H200\n"
                            "32 8 7168 2048 bf16 sm_90a 1  64 64 64 2 1 1 gemv  185.3 192.4 2026-12-04 NVIDIA H200\n"
@@ -1131,11 +1137,7 @@ int main(void) {
         moe_diag_t d;
         CHECKF(moe_tuning_parse(&t, path, buf, n, &d) == 0, "%s", d.msg);
         moe_tuning_free(&t);
-        f = fopen(victim, "r");
-        n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
-        buf[n] = 0;
-        if (f)
-            fclose(f);
+        n = read_back(victim, buf, sizeof buf);
         CHECKF(strcmp(buf, "victim\n") == 0, "the planted link's target was written: %s", buf);
         struct stat st;
         CHECK(lstat(link, &st) == 0 && S_ISLNK(st.st_mode)); /* the planted link itself left alone */
@@ -1153,11 +1155,7 @@ int main(void) {
         f = fopen(path, "w");
         CHECK(f && fputs("8 2 4096 14336 bf16 sm_90a 1 64\n", f) >= 0 && fclose(f) == 0);
         CHECK(moe_tune_write_table(path, &sp, tok, 2, lines) == 2);
-        f = fopen(path, "r");
-        n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
-        buf[n] = 0;
-        if (f)
-            fclose(f);
+        n = read_back(path, buf, sizeof buf);
         CHECK(strcmp(buf, "8 2 4096 14336 bf16 sm_90a 1 64\n") == 0);
         /* a folder that does not exist: 1, no crash */
         char missing[300];
@@ -1355,11 +1353,7 @@ int main(void) {
         const int tok[1] = {1};
         char lines[1][256] = {"12 2 264 136 bf16 sm_90a 1  128 128 64 4 2 8 tile  5 6 2026-12-08 G"};
         CHECK(moe_tune_write_table(path, &sp, tok, 1, lines) == 0);
-        f = fopen(path, "r");
-        size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
-        buf[n] = 0;
-        if (f)
-            fclose(f);
+        size_t n = read_back(path, buf, sizeof buf);
         CHECKF(strcmp(buf, "12 2 264 136 bf16 sm_90a 512  128 256 64 4 2 8 tile  1 2 2026-12-07 G\n"
                            "wgrad_up\t12 2 264 136 bf16 sm_90a 512  128 128 64 4 2 8 persist  1 2 2026-12-07 G\n"
                            "12 2 264 136 bf16 sm_90a 1  128 128 64 4 2 8 tile  5 6 2026-12-08 G\n") == 0,
