@@ -223,8 +223,8 @@
 @   -- ptxas allocates the whole kernel under the launch cap (65536 / threads), setmaxnreg or not
 @   c.reg_cap = math.min(255, (65536 // p.threads) // 8 * 8)
 @   -- fp8 with two consumers: 128 accumulators + a 64-register part a thread, over the 168 launch cap; ptxas
-@   -- (CUDA 13) allocates the consumers' code after setmaxnreg.inc at the raised count (232 here): compiled, the
-@   -- up GEMM has no spills and the down GEMM 60 bytes (2026-12-04, not yet run on a GPU)
+@   -- (CUDA 13) allocates the consumers' code after setmaxnreg.inc at the raised count: 216 (PRODUCER_REGS 72, not
+@   -- the 232 assumed here); the persistent kernels fit, the tile grid's down GEMM spills 52-60 bytes (PERF.md 2026-12-08)
 @   local cap = (c.fp8 and c.consumers == 2) and 232 or c.reg_cap
 @   need(c.wm * c.nacc + (c.fp8 and 64 or 0) + 40 <= cap, string.format("%d accumulators per consumer thread (bm / consumers / 64 * "
 @        .. "bn / 2) do not fit the %d-register cap of %d threads", c.wm * c.nacc, cap, p.threads))
