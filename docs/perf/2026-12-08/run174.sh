@@ -9,8 +9,8 @@
 #   n/  Nsight Compute (--set full) of Mixtral's fp8 up and down GEMMs and its bf16 up GEMM at 16384 tokens
 #       (issue #20: what limits the fp8 main loop);
 #   s/  run 172's measurements: moe_bench --backward (dtype, fp32) and compare_torch --backward at 4096 tokens.
-# carry ["build/r173", "build/r174", "build/r175"] (bench/pack_device.sh r173 on main 4c31408, r174 on fp8-hoist
-# c4265fc, r175 on fp8-ra; the three slimmed to what this script runs).
+# carry ["build/r173", "build/r174", "build/r175"] (bench/pack_device.sh --only ... r173 on main 4c31408, r174 on fp8-hoist
+# c4265fc, r175 on fp8-ra: docs/perf/2026-12-08/README.md names the programs each keeps).
 set -u
 END=${1:-560}  # seconds: nothing starts that could run past it
 ABEND=${2:-$((END - 200))}  # seconds: no A/B run starts after it
